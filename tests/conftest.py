@@ -1,0 +1,32 @@
+"""Test defaults: the CPU path unless a GPU is present.
+
+Without CUDA, Triton kernels run in the interpreter (TRITON_INTERPRET must be set before any
+@triton.jit decorator runs, hence here, before the project is imported), and nothing may reach
+the Hugging Face hub. GPU-only tests carry @pytest.mark.gpu and are skipped without a GPU.
+"""
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
