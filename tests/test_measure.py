@@ -1,0 +1,300 @@
+"""measure.py against kernels that try the tricks in MEASUREMENT_PITFALLS (one test per pitfall
+that can be staged on CPU), plus the CLI and the result cache.
+
+Every candidate below is a real module source run through the real worker process.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import measure
+from tasks import seed_source, variant_paths
+
+ROOT = measure.Path(__file__).resolve().parent.parent
+TASK = "cross_entropy"
+
+# A correct pure-PyTorch candidate the tricks below are built from.
+BODY = '''
+import torch
+
+def _ce(logits, targets, grad_output):
+    x = logits.float()
+    losses = torch.logsumexp(x, dim=-1) - x.gather(1, targets[:, None]).squeeze(1)
+    p = torch.softmax(x, dim=-1)
+    p[torch.arange(len(targets)), targets] -= 1.0
+    return losses, (p * grad_output[:, None]).to(torch.bfloat16)
+'''
+
+
+def run(source, **kw):
+    kw.setdefault("use_cache", False)
+    kw.setdefault("quick", True)
+    kw.setdefault("device", "cpu")
+    return measure.measure(TASK, source, **kw)
+
+
+def test_correct_candidate_is_ok_with_times_and_speedup(tmp_path):
+    m = run(BODY + "def custom_kernel(data):\n    return _ce(*data)\n")
+    assert m.status == "ok", m.message
+    assert m.speedup > 0 and len(m.cases) >= 1
+    row = m.cases[0]
+    assert row["reference_ms"] > 0 and row["candidate_ms"] > 0 and row["reps"] >= 2
+    assert abs(row["speedup"] - row["reference_ms"] / row["candidate_ms"]) < 1e-9
+    assert m.timer.startswith("cpu-wallclock") and "not GPU" in m.timer
+    assert m.harness_version == measure.HARNESS_VERSION
+
+
+def test_seed_is_ok_and_the_cache_is_hit_the_second_time(tmp_path):
+    first = run(seed_source(TASK), use_cache=True, cache_dir=tmp_path)
+    assert first.status == "ok" and not first.cached
+    second = run(seed_source(TASK), use_cache=True, cache_dir=tmp_path)
+    assert second.cached and second.speedup == first.speedup
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+# ---- pitfall 3: caching the output ---------------------------------------------------------
+
+def test_output_computed_once_and_replayed_is_incorrect():
+    src = BODY + '''
+_saved = {}
+def custom_kernel(data):
+    key = tuple(data[0].shape)
+    if key not in _saved:
+        _saved[key] = _ce(*data)
+    return _saved[key]
+'''
+    m = run(src)
+    assert m.status == "incorrect", m.message
+
+
+def test_cache_keyed_by_pointer_is_caught_on_unseen_inputs():
+    src = BODY + '''
+_saved = {}
+def custom_kernel(data):
+    key = data[0].data_ptr()
+    if key not in _saved:
+        _saved[key] = _ce(*data)
+    return _saved[key]
+'''
+    m = run(src)
+    assert m.status in ("incorrect", "ok")
+    # Fresh pointers mostly miss the cache; whenever a pointer is reused the stale output fails.
+    # The property that matters: a pointer-keyed cache never passes with a wrong output.
+    if m.status == "ok":
+        assert m.speedup < 50
+
+
+# ---- pitfall 6: writing into the inputs, unwritten outputs ---------------------------------
+
+def test_writing_into_inputs_is_incorrect():
+    src = BODY + '''
+def custom_kernel(data):
+    logits, targets, grad_output = data
+    out = _ce(logits, targets, grad_output)
+    logits.mul_(0.5)   # scribble on the input after use
+    return out
+'''
+    m = run(src)
+    assert m.status == "incorrect" and "modified its input" in m.message
+
+
+def test_partially_written_output_fails_through_nan_poisoning():
+    src = BODY + '''
+def custom_kernel(data):
+    logits, targets, grad_output = data
+    losses, grad = _ce(logits, targets, grad_output)
+    out = torch.empty_like(grad)          # never fully written: the harness fills it with NaN
+    half = grad.shape[0] // 2
+    out[:half] = grad[:half]
+    return losses, out
+'''
+    m = run(src)
+    assert m.status == "incorrect" and "non-finite" in m.message
+
+
+# ---- pitfall 4 and 8: lazy or downgraded outputs -------------------------------------------
+
+def test_tensor_subclass_output_is_incorrect():
+    src = BODY + '''
+class Lazy(torch.Tensor):
+    pass
+
+def custom_kernel(data):
+    losses, grad = _ce(*data)
+    return losses, grad.as_subclass(Lazy)
+'''
+    m = run(src)
+    assert m.status == "incorrect" and "plain torch.Tensor" in m.message
+
+
+def test_wrong_output_dtype_is_incorrect():
+    src = BODY + '''
+def custom_kernel(data):
+    losses, grad = _ce(*data)
+    return losses, grad.float()
+'''
+    m = run(src)
+    assert m.status == "incorrect" and "dtype" in m.message
+
+
+# ---- pitfall 7: near-identity output --------------------------------------------------------
+
+def test_output_that_skips_the_softmax_term_is_incorrect():
+    src = BODY + '''
+def custom_kernel(data):
+    logits, targets, grad_output = data
+    losses, _ = _ce(logits, targets, grad_output)
+    grad = torch.zeros(logits.shape, dtype=torch.float32)
+    grad[torch.arange(len(targets)), targets] = -grad_output   # only the one-hot part
+    return losses, grad.to(torch.bfloat16)
+'''
+    m = run(src)
+    assert m.status == "incorrect", m.message
+
+
+# ---- pitfall 2 and 5: tampering with the timer or checker, escaping the timed region --------
+
+def test_monkeypatching_the_clock_is_rejected():
+    src = BODY + '''
+import time as _t
+setattr(_t, "perf_" + "counter", lambda: 0.0)
+def custom_kernel(data):
+    return _ce(*data)
+'''
+    m = run(src)
+    assert m.status == "rejected" and "trusted" in m.message
+
+
+def test_monkeypatching_the_checker_is_rejected():
+    src = BODY + '''
+import tasks.cross_entropy as _task
+def custom_kernel(data):
+    _task.check = lambda output, expected: (True, "ok")
+    return _ce(*data)[0], None
+'''
+    m = run(src)
+    assert m.status == "rejected" and "check" in m.message
+
+
+def test_patching_a_tensor_method_is_rejected():
+    src = BODY + '''
+def custom_kernel(data):
+    torch.Tensor.float = lambda self: self
+    return _ce(*data)
+'''
+    m = run(src)
+    assert m.status == "rejected"
+
+
+@pytest.mark.parametrize("snippet", [
+    "import threading\n",
+    "s = torch.cuda.Stream()\n",
+    "import subprocess\n",
+    "import os\nos.fork()\n",
+    "import ctypes\n",
+])
+def test_static_screen_rejects_threads_streams_processes(snippet):
+    m = run(snippet + BODY + "def custom_kernel(data):\n    return _ce(*data)\n")
+    assert m.status == "rejected"
+
+
+# ---- pitfall 1 and 13: crashes, hangs, exits, memory, output floods ------------------------
+
+def test_os_exit_is_crashed():
+    m = run("import os\ndef custom_kernel(data):\n    os._exit(7)\n")
+    assert m.status == "crashed" and "code 7" in m.message
+
+
+def test_segfault_is_crashed():
+    m = run("import faulthandler\ndef custom_kernel(data):\n    faulthandler._sigsegv()\n")
+    assert m.status == "crashed" and "SIGSEGV" in m.message
+
+
+def test_sys_exit_is_crashed():
+    m = run("import sys\ndef custom_kernel(data):\n    sys.exit(3)\n")
+    assert m.status == "crashed" and "sys.exit(3)" in m.message
+
+
+def test_infinite_loop_times_out():
+    m = run("def custom_kernel(data):\n    while True:\n        pass\n", timeout_s=4)
+    assert m.status == "timeout"
+
+
+def test_memory_hog_is_killed():
+    src = '''
+import torch
+def custom_kernel(data):
+    hog = [torch.ones(2**28) for _ in range(64)]   # 64 GiB, well above the cap
+    return hog
+'''
+    m = run(src, memory_gb=1.5, timeout_s=60)
+    assert m.status in ("crashed", "runtime_error") and "memory" in m.message.lower()
+
+
+def test_flooding_stdout_is_contained():
+    src = 'import sys\ndef custom_kernel(data):\n    while True:\n        sys.stdout.write("x" * 2**20)\n'
+    m = run(src, timeout_s=60)
+    # The worker's output file is capped (RLIMIT_FSIZE); Python turns the overflow into an OSError.
+    assert m.status in ("runtime_error", "crashed") and "too large" in m.message.lower()
+
+
+# ---- ordinary failures --------------------------------------------------------------------
+
+def test_syntax_error_is_compile_error():
+    m = run("def custom_kernel(data)\n    return data\n")
+    assert m.status == "compile_error" and "SyntaxError" in m.message
+
+
+def test_missing_custom_kernel_is_compile_error():
+    m = run("import torch\ndef kernel(data):\n    return data\n")
+    assert m.status == "compile_error" and "custom_kernel" in m.message
+
+
+def test_exception_is_runtime_error():
+    m = run("def custom_kernel(data):\n    raise ValueError('boom')\n")
+    assert m.status == "runtime_error" and "boom" in m.message
+
+
+def test_unknown_task_and_missing_gpu_are_usage_errors():
+    with pytest.raises(ValueError, match="unknown task"):
+        measure.measure("nope", "x")
+    if not measure.measure.__globals__.get("torch"):
+        import torch
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match="no CUDA GPU"):
+                measure.measure(TASK, "x", device="cuda")
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / "measure.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_json_on_a_triton_variant(tmp_path):
+    variant = next(p for p in variant_paths(TASK) if p.stem == "fused_online")
+    r = cli("--task", TASK, "--candidate", str(variant), "--json", "--quick", "--cache-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"] == "ok" and out["speedup"] > 0
+    assert {"status", "speedup", "cases", "device", "harness_version", "timer"} <= out.keys()
+    assert out["cases"][0]["candidate_ms"] > 0 and "candidate_spread" in out["cases"][0]
+
+
+def test_cli_bad_usage_is_one_line_and_nonzero(tmp_path):
+    r = cli("--task", "nope", "--candidate", str(ROOT / "tasks/kernels/cross_entropy/seed.py"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: unknown task") and "Traceback" not in r.stderr
+    r = cli("--task", TASK, "--candidate", str(tmp_path / "missing.py"))
+    assert r.returncode == 2 and "cannot read candidate" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_wrong_kernel_is_a_result_not_an_error(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def custom_kernel(data):\n    raise RuntimeError('nope')\n")
+    r = cli("--task", TASK, "--candidate", str(bad), "--json", "--device", "cpu", "--no-cache")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["status"] == "runtime_error"
