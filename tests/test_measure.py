@@ -298,3 +298,11 @@ def test_cli_wrong_kernel_is_a_result_not_an_error(tmp_path):
     r = cli("--task", TASK, "--candidate", str(bad), "--json", "--device", "cpu", "--no-cache")
     assert r.returncode == 0
     assert json.loads(r.stdout)["status"] == "runtime_error"
+
+
+@pytest.mark.gpu
+def test_seed_on_gpu_at_benchmark_shapes_is_about_one():
+    m = measure.measure(TASK, seed_source(TASK), device="cuda", use_cache=False, quick=True)
+    assert m.status == "ok", m.message
+    assert m.timer == "cuda-events" and len(m.cases) == 3
+    assert 0.6 < m.speedup < 1.6  # the seed is the reference itself; more would be a timing bug

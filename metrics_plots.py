@@ -1,0 +1,103 @@
+"""metrics_plots.py: the pictures behind metrics.py's numbers (split out to keep metrics.py short).
+
+Three PNGs per forecaster, in the paper's spirit:
+- reliability diagram: accuracy against stated confidence (max-prob) in 10 equal-width buckets,
+  with each bucket's row count, the diagonal being perfect calibration;
+- risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
+  selective forecaster keeps risk low while it trusts most rows;
+- speedup recovered against the measurement budget, with the exact random-ranking baseline.
+matplotlib runs headless (Agg); only metrics.py's CLI imports this module, and only for --plots.
+"""
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import metrics  # noqa: E402
+
+
+def _slug(name):
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "forecaster"
+
+
+def plot_reliability(rows, path, title=""):
+    parsed = [r for r in rows if r["probs"] is not None]
+    buckets = metrics.reliability([metrics.row_confidence(r) for r in parsed],
+                                  [r["predicted_bin"] == r["true_bin"] for r in parsed])
+    filled = [(i, n, conf, acc) for i, (n, conf, acc) in enumerate(buckets) if n]
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
+    ax.bar([i / 10 for i, *_ in filled], [a for *_, a in filled], width=0.1, align="edge",
+           color="tab:blue", alpha=0.75, edgecolor="black", label="accuracy of bucket")
+    ax.plot([i / 10 + 0.05 for i, *_ in filled], [c for _, _, c, _ in filled], "_", ms=14, mew=2,
+            color="tab:red", label="mean confidence of bucket")
+    for i, n, _, acc in filled:
+        ax.text(i / 10 + 0.05, min(acc, 0.93) + 0.02, f"n={n}", ha="center", fontsize=7)
+    ece = metrics.ece([metrics.row_confidence(r) for r in parsed],
+                      [r["predicted_bin"] == r["true_bin"] for r in parsed])
+    ax.set(xlim=(0, 1), ylim=(0, 1.05), xlabel="confidence p[predicted bin]", ylabel="accuracy",
+           title=f"{title}\nreliability (ECE {ece:.3f})" if ece is not None else title)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_risk_coverage(rows, path, title=""):
+    correct = [r["probs"] is not None and r["predicted_bin"] == r["true_bin"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for kind in metrics.CONFIDENCE_KINDS:
+        confs = [metrics.row_confidence(r, kind) for r in rows]
+        _, cov, risk = metrics.risk_coverage(confs, correct)
+        if len(cov):
+            ax.plot(cov, risk, marker="o", ms=3,  # straight segments: the trapezoid AURC integrates
+                    label=f"{kind} (AURC {metrics.aurc(confs, correct):.3f})")
+    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
+           ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup_recovered(reports, path):
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    drawn = []  # random baselines already drawn: forecasters scored on the same pools share one
+    for i, (name, rep) in enumerate(reports.items()):
+        sr = rep["speedup_recovered"]
+        if not sr:
+            continue
+        budgets = [float(b.rstrip("%")) for b in sr["by_budget"]]
+        color = f"C{i % 10}"
+        ax.plot(budgets, list(sr["by_budget"].values()), "o-", color=color,
+                label=f"{name} (mean {sr['mean']:.3f})")
+        random = list(sr["random_by_budget"].values())
+        if random not in drawn:
+            drawn.append(random)
+            ax.plot(budgets, random, "x--", color="grey" if len(drawn) == 1 else color,
+                    label=f"random ranking, exact (mean {sr['random_mean']:.3f})")
+    ax.set_xscale("log")
+    ax.set_xticks([1, 2, 5, 10, 20, 50], ["1%", "2%", "5%", "10%", "20%", "50%"])
+    ax.set(ylim=(0, 1.02), xlabel="measurement budget (top b% of each task's pool)",
+           ylabel="best found / best in pool", title="speedup recovered")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(groups, reports, folder):
+    """groups: {forecaster: rows}; reports: {forecaster: metrics.report(rows)}. Returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, rows in groups.items():
+        for kind, fn in (("reliability", plot_reliability), ("risk_coverage", plot_risk_coverage)):
+            paths.append(folder / f"{_slug(name)}_{kind}.png")
+            fn(rows, paths[-1], title=name)
+    paths.append(folder / "speedup_recovered.png")
+    plot_speedup_recovered(reports, paths[-1])
+    return paths
