@@ -143,9 +143,11 @@ class _worker_env:
         self.device = device
 
     def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+        self.saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "OPENBLAS_NUM_THREADS")}
         if self.device == "cpu":
             os.environ["TRITON_INTERPRET"] = "1"
+            # The interpreter's tl.dot runs on numpy's BLAS; one thread keeps it from fighting torch.
+            os.environ["OPENBLAS_NUM_THREADS"] = "1"
         else:
             os.environ.pop("TRITON_INTERPRET", None)
 

@@ -8,11 +8,14 @@ import os
 import sys
 from pathlib import Path
 
-import torch
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy/torch load BLAS (see below)
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# The interpreter's tl.dot runs on numpy's BLAS; its thread pool fighting torch's for 2 cores
+# stalls later torch matmuls for seconds, hence OPENBLAS_NUM_THREADS=1 above.
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
