@@ -9,7 +9,8 @@ rely on):
     CHECK_CASES       extra correctness-only shapes for a GPU (odd sizes, other distributions)
     CPU_CASES         small shapes timed on CPU (an interpreted Triton kernel stays near 1 s)
     CPU_CHECK_CASES   small odd shapes checked (not timed) on CPU
-    generate_input(case, seed, device="cpu") -> data     a tuple of tensors, never zeros
+    generate_input(case, seed, device="cpu") -> data     a tuple of tensors (trimul adds dicts of
+                                                          weights and config), never zeros
     reference(data) -> expected                           the PyTorch reference
     check(output, expected) -> (ok, message)              dtype/shape/device/tolerance check
     min_bytes(case) -> int                                unavoidable memory traffic (the floor)
