@@ -1,0 +1,568 @@
+"""forecaster.py: a language model as a selective surrogate for GPU kernel timing.
+
+The paper's central object. Given a task, a reference kernel and a candidate kernel, a language
+model reasons about both and forecasts the candidate's speedup S = reference_time / candidate_time
+as 8 probabilities over the log-spaced bins of metrics.py. A selective gate then trusts confident
+forecasts and defers uncertain ones to a real GPU measurement.
+
+    build_messages  the prompt: a "GPU execution simulator" system message with the bin table
+                    (generated from metrics.py, so prompt and labels never disagree) and a user
+                    message with the task, both kernels (fenced as python) and a hardware table
+    parse_answer    the model's answer, the tool call `submit_kernel_runtime_estimate`, into a
+                    Forecast; never raises: anything unusable is a parse failure with a reason
+    Forecaster      prompts -> backend -> Forecasts, batched, with an on-disk cache
+    Gate            trust or defer, from a confidence score and a threshold
+
+Two read-outs of the forecast distribution:
+  - "verbalized" (the paper's): the probabilities the model writes in its tool call. Default for
+    GPT-OSS and any served model.
+  - "logits": after the model's reasoning (or none at all when reasoning_tokens = 0) the answer is
+    forced to begin `{"predicted_bin": ` and the next-token probabilities of "1".."8" are read in
+    one forward pass, renormalised (raw_sum keeps the mass the 8 digits had). It cannot fail to
+    parse. Default for the embedded SmolLM2, with no reasoning: a 135M model writes no usable
+    JSON, but its next-token distribution is always defined.
+
+Parsing rules (documented choices where the paper leaves room):
+  - where the answer is looked for, in order: the tool call (harmony commentary channel or a
+    server's tool_calls); then a JSON object in the final channel; then a fenced ```json block or
+    a bare JSON object in plain text. With several tool calls the LAST COMPLETE one wins (its
+    arguments parse as a JSON object); a trailing call cut off mid-JSON is ignored.
+  - required fields: predicted_bin (integer 1..8), p_severe_slowdown .. p_extreme_speedup (numbers
+    in [0, 1], not all zero) and a non-empty reasoning string; otherwise a parse failure.
+  - probabilities are renormalised to sum 1; raw_sum keeps the sum the model wrote.
+  - predicted_bin = argmax of the probabilities (metrics.predicted_bin), so the bin that is scored
+    and the confidence always come from the same distribution. The model's own predicted_bin is
+    kept as stated_bin; Forecast.bin_disagrees records when the two differ.
+
+The backends (local transformers incl. GPT-OSS in harmony format, an OpenAI-compatible server,
+the embedded SmolLM2) live in forecaster_backends.py behind one `generate` interface, and the
+prompt (build_messages, the hardware table, the answer tool's schema) in forecast_prompt.py.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import metrics
+from forecaster_backends import (DEFAULT_MODEL, REASONING_EFFORTS, Completion, ModelNotFound,  # noqa: F401
+                                 OpenAIServerBackend, TransformersBackend, embedded_backend,
+                                 model_not_found_message, _weights_available)
+
+from forecast_prompt import (FACTORS, FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME,  # noqa: F401
+                             bin_table, build_messages, hardware_info, hardware_table, system_prompt)
+
+DIGITS = tuple(str(b) for b in metrics.BINS)
+ANSWER_PREFIX = '{"predicted_bin": '
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "gpu-forecasters" / "forecasts"
+
+
+# ---- the forecast -----------------------------------------------------------------------------------
+
+@dataclass
+class Forecast:
+    probs: list = None            # 8 floats summing to 1, or None on a parse failure
+    parse_failed: bool = False
+    parse_error: str = None
+    stated_bin: int = None        # the bin the model wrote (None for the logits read-out)
+    predicted_bin: int = None     # argmax of probs: the bin that is scored
+    raw_sum: float = None         # the probabilities' sum before renormalising
+    reasoning: str = ""
+    readout: str = "verbalized"
+    model: str = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bin_disagrees(self):
+        return self.stated_bin is not None and self.predicted_bin is not None and self.stated_bin != self.predicted_bin
+
+    def confidence(self, kind="maxprob"):
+        return None if self.probs is None else metrics.confidence(self.probs, kind)
+
+    @property
+    def expected_bin(self):
+        return None if self.probs is None else metrics.expected_bin(self.probs)
+
+    @property
+    def expected_log2_speedup(self):
+        return None if self.probs is None else metrics.expected_log2_speedup(self.probs)
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def failure(reason, **kw):
+    return Forecast(parse_failed=True, parse_error=reason, **kw)
+
+
+def _from_probs(raw, **kw):
+    """A Forecast from 8 raw probabilities, renormalised; None if they are all zero."""
+    total = math.fsum(raw)
+    if not total > 0:
+        return None
+    probs = [p / total for p in raw]
+    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=total, **kw)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def forecast_from_args(args):
+    """Validate the tool call's arguments (a dict) into a Forecast or a parse failure."""
+    if not isinstance(args, dict):
+        return failure(f"answer is a JSON {type(args).__name__}, not an object")
+    for f in ("predicted_bin", *PROB_FIELDS, "reasoning"):
+        if f not in args:
+            return failure(f"missing field {f}")
+    raw = []
+    for f in PROB_FIELDS:
+        v = args[f]
+        if not _is_number(v) or not math.isfinite(v) or not 0 <= v <= 1:
+            return failure(f"{f} out of range [0, 1]: {v!r}"[:200])
+        raw.append(float(v))
+    stated = args["predicted_bin"]
+    if not _is_number(stated) or not math.isfinite(stated) or stated != int(stated) \
+            or not 1 <= stated <= metrics.N_BINS:
+        return failure(f"predicted_bin must be an integer in 1..{metrics.N_BINS}: {stated!r}"[:200])
+    reasoning = args["reasoning"]
+    if not isinstance(reasoning, str) or not reasoning.strip():
+        return failure("empty reasoning")
+    f = _from_probs(raw, stated_bin=int(stated), reasoning=reasoning.strip())
+    return f if f is not None else failure("all probabilities are zero")
+
+
+def _unwrap(obj):
+    """Accept {"name": TOOL_NAME, "arguments": {...}} as written by chat models without tool calls."""
+    if isinstance(obj, dict) and "arguments" in obj and obj.get("name", TOOL_NAME) == TOOL_NAME:
+        args = obj["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return obj
+        return args
+    return obj
+
+
+def _harmony_messages(text):
+    """[(channel, recipient, body, terminated)] of GPT-OSS harmony markup; [] for plain text."""
+    if "<|message|>" not in text:
+        return []
+    out = []
+    for part in text.split("<|start|>"):
+        if "<|message|>" not in part:
+            continue
+        header, body = part.split("<|message|>", 1)
+        channel = re.search(r"<\|channel\|>\s*(\w+)", header)
+        recipient = re.search(r"to=([\w.\-]+)", header)
+        end = re.search(r"<\|(?:end|call|return)\|>", body)
+        out.append((channel.group(1) if channel else None, recipient.group(1) if recipient else None,
+                    body[:end.start()] if end else body, end is not None))
+    return out
+
+
+_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.S)
+
+
+def _json_candidates(text):
+    """JSON objects in text: the fenced blocks if any parse, else every bare {...} object."""
+    found = []
+    for block in _FENCE.findall(text):
+        try:
+            found.append(json.loads(block))
+        except ValueError:
+            pass
+    if found:
+        return found
+    decoder = json.JSONDecoder()
+    pos, tries = text.find("{"), 0
+    while pos != -1 and tries < 500:
+        tries += 1
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+            found.append(obj)
+            pos = text.find("{", end)
+        except ValueError:
+            pos = text.find("{", pos + 1)
+    return found
+
+
+def _answer_in(text):
+    """The last JSON object in text that looks like an answer, or None."""
+    objs = [_unwrap(o) for o in _json_candidates(text)]
+    objs = [o for o in objs if isinstance(o, dict)]
+    answers = [o for o in objs if "predicted_bin" in o or any(f in o for f in PROB_FIELDS)]
+    return answers[-1] if answers else None
+
+
+def _parse(text):
+    msgs = _harmony_messages(text)
+    calls = [m for m in msgs if m[1] and m[1].split(".")[-1] == TOOL_NAME]
+    if calls:
+        last_error = None
+        for _, _, body, _ in reversed(calls):  # the last complete call wins
+            try:  # complete = its arguments open with a whole JSON value (trailing text is ignored)
+                return forecast_from_args(_unwrap(json.JSONDecoder().raw_decode(body.strip())[0]))
+            except ValueError as e:
+                last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {e}"
+        return failure(last_error)
+    finals = [m[2] for m in msgs if m[0] == "final"]
+    if finals:
+        ans = _answer_in(finals[-1])
+        return forecast_from_args(ans) if ans is not None else failure("no answer: the final channel holds no JSON forecast")
+    if msgs:
+        if msgs[-1][0] == "analysis" and not msgs[-1][3]:
+            return failure("truncated reasoning: the completion ended inside the analysis channel (raise max_new_tokens)")
+        return failure(f"no answer: the model never called {TOOL_NAME}")
+    if not text.strip():
+        return failure("no answer: empty completion")
+    ans = _answer_in(text)
+    if ans is None:
+        return failure("no answer: no tool call and no JSON forecast in the completion")
+    return forecast_from_args(ans)
+
+
+def parse_answer(text):
+    """The model's answer (harmony markup or plain text) as a Forecast. Never raises."""
+    try:
+        return _parse(text if isinstance(text, str) else str(text))
+    except Exception as e:  # a parser bug must cost one row, not a batch
+        return failure(f"unparseable answer: {type(e).__name__}: {e}"[:300])
+
+
+def parse_completion(c):
+    """parse_answer of a backend Completion, carrying its error, token counts and time."""
+    f = failure(c.error) if c.error else parse_answer(c.text)
+    f.tokens_in, f.tokens_out, f.seconds = c.tokens_in, c.tokens_out, c.seconds
+    return f
+
+
+def reasoning_of(c):
+    """The model's reasoning in a completion: its analysis channel, or the text before any JSON."""
+    msgs = _harmony_messages(c.text)
+    if msgs:
+        return "\n".join(m[2] for m in msgs if m[0] == "analysis").strip()
+    return re.split(r"```|\{", c.text, maxsplit=1)[0].strip()
+
+
+# ---- the forecaster -----------------------------------------------------------------------------------
+
+class Forecaster:
+    """Forecasts for many candidates at once, with an on-disk cache.
+
+    readout: "verbalized" (default for GPT-OSS and servers) or "logits" (default for the embedded
+    SmolLM2); reasoning_tokens: for the logits read-out, how many tokens the model may reason
+    before its answer is read (0 = none, the default). cache_dir=None disables the cache."""
+
+    def __init__(self, backend, readout=None, cache_dir=DEFAULT_CACHE_DIR, *, max_new_tokens=4096,
+                 temperature=1.0, seed=0, reasoning_tokens=0, hardware=None):
+        self.backend = backend
+        self.readout = readout or ("logits" if getattr(backend, "embedded", False) else "verbalized")
+        if self.readout not in ("verbalized", "logits"):
+            raise ValueError(f"read-out must be 'verbalized' or 'logits', got {self.readout!r}")
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.reasoning_tokens = reasoning_tokens
+        self.hardware = hardware_info() if hardware is None else hardware
+        self.model = getattr(backend, "name", type(backend).__name__)
+
+    def cache_key(self, messages, repeat):
+        """sha256 of everything that can change the forecast: model, adapter, read-out, prompt,
+        sampling settings, seed and repeat. The logits read-out without reasoning samples nothing,
+        so its key leaves the sampling settings out."""
+        prompt = hashlib.sha256(json.dumps([messages, FORECAST_TOOL], sort_keys=True).encode()).hexdigest()
+        settings = dict(model=self.model, adapter=getattr(self.backend, "adapter", None),
+                        readout=self.readout, prompt=prompt)
+        if self.readout == "verbalized" or self.reasoning_tokens:
+            settings.update(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
+                            repeat=repeat, reasoning_effort=getattr(self.backend, "reasoning_effort", None),
+                            reasoning_tokens=self.reasoning_tokens)
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+    def _cached(self, key):
+        path = self.cache_dir / f"{key}.json" if self.cache_dir else None
+        if path is None or not path.exists():
+            return None
+        try:
+            return Forecast.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            return None  # a damaged entry is recomputed
+
+    def _store(self, key, forecast):
+        if self.cache_dir is None:
+            return
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_dir / f"{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(forecast.to_dict()))
+        os.replace(tmp, self.cache_dir / f"{key}.json")  # readers never see half a file
+
+    def forecast_many(self, task, reference_code, candidate_codes, *, repeat=0):
+        """One Forecast per candidate against the same reference."""
+        return self.forecast_pairs([(task, reference_code, c) for c in candidate_codes], repeat=repeat)
+
+    def forecast_pairs(self, pairs, *, repeat=0):
+        """One Forecast per (task, reference_code, candidate_code); cache misses run as one batch."""
+        convs = [build_messages(t, r, c, self.hardware) for t, r, c in pairs]
+        keys = [self.cache_key(m, repeat) for m in convs]
+        out = [self._cached(k) for k in keys]
+        todo = [i for i, f in enumerate(out) if f is None]
+        if todo:
+            run = self._verbalized if self.readout == "verbalized" else self._logits
+            seed = None if self.seed is None else self.seed + repeat
+            for i, (f, keep) in zip(todo, run([convs[i] for i in todo], seed)):
+                f.readout, f.model = self.readout, self.model
+                out[i] = f
+                if keep:  # machinery errors (server down, prompt too long) are not cached
+                    self._store(keys[i], f)
+        return out
+
+    def _verbalized(self, convs, seed):
+        comps = self.backend.generate(convs, max_new_tokens=self.max_new_tokens,
+                                      temperature=self.temperature, seed=seed, tools=[FORECAST_TOOL])
+        return [(parse_completion(c), not c.error) for c in comps]
+
+    def _logits(self, convs, seed):
+        t0 = time.perf_counter()
+        reasoning = [""] * len(convs)
+        comps = [Completion("") for _ in convs]
+        if self.reasoning_tokens:
+            comps = self.backend.generate(convs, max_new_tokens=self.reasoning_tokens,
+                                          temperature=self.temperature, seed=seed, tools=[FORECAST_TOOL])
+            reasoning = [reasoning_of(c) for c in comps]
+        prompts = [self.backend.answer_prompt(m, r, ANSWER_PREFIX, [FORECAST_TOOL]) for m, r in zip(convs, reasoning)]
+        rows = self.backend.next_token_probs(prompts, DIGITS)
+        seconds = (time.perf_counter() - t0) / max(1, len(convs))
+        out = []
+        for c, r, p, prompt in zip(comps, reasoning, rows, prompts):
+            n_in = len(prompt) if isinstance(prompt[0], int) else c.tokens_in
+            if c.error or isinstance(p, str):
+                out.append((failure(c.error or p, tokens_in=n_in, seconds=seconds), False))
+                continue
+            f = _from_probs(p, reasoning=r, tokens_in=n_in, tokens_out=c.tokens_out, seconds=seconds)
+            out.append((f or failure("logits read-out: no probability on the digits 1..8"), True))
+        return out
+
+
+# ---- the selective gate ---------------------------------------------------------------------------------
+
+@dataclass
+class Gate:
+    """Trust a forecast whose confidence score reaches the threshold; defer the rest (and every
+    parse failure) to a GPU measurement."""
+    score: str = "maxprob"
+    threshold: float = 0.5
+
+    def __post_init__(self):
+        if self.score not in metrics.CONFIDENCE_KINDS:
+            raise ValueError(f"unknown gate score {self.score!r}; choose one of: {', '.join(metrics.CONFIDENCE_KINDS)}")
+
+    def decide(self, forecast):
+        if forecast.parse_failed or forecast.probs is None:
+            return "defer"
+        return "trust" if forecast.confidence(self.score) >= self.threshold else "defer"
+
+    @classmethod
+    def from_labelled(cls, forecasts, true_bins, target_risk=0.1, delta=0.05, score="maxprob"):
+        """The threshold that keeps the bin-mismatch rate of trusted forecasts below target_risk
+        with probability 1 - delta (SGR, Geifman & El-Yaniv 2017), from labelled forecasts.
+        Parse failures are always deferred (confidence None) but count in the coverage. When no
+        threshold meets the target the gate defers everything (threshold inf)."""
+        conf = [f.confidence(score) for f in forecasts]
+        correct = [f.predicted_bin == int(y) for f, y in zip(forecasts, true_bins)]
+        best = metrics.guaranteed_risk_threshold(conf, correct, target_risk, delta)
+        return cls(score=score, threshold=math.inf if best is None else best["threshold"])
+
+
+# ---- evaluation over rows (the paper's eval set or our training rows) ------------------------------------
+
+def read_rows(path):
+    """Eval rows (comparison_id, true_bin) or training rows (row_id, relative_bin), normalised to
+    dicts with id, task, anchor_code, candidate_code, true_speedup, true_bin."""
+    from tasks import TASK_NAMES
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                row = dict(id=str(r.get("comparison_id", r.get("row_id"))), task=r["pack"],
+                           anchor_code=r["anchor_code"], candidate_code=r["candidate_code"],
+                           true_speedup=r.get("aggregated_speedup"),
+                           true_bin=r.get("true_bin", r.get("relative_bin")))
+            except (ValueError, KeyError, AttributeError) as e:
+                raise ValueError(f"{path} line {n}: not an eval or training row ({type(e).__name__}: {e})")
+            if row["id"] == "None" or row["task"] not in TASK_NAMES:
+                raise ValueError(f"{path} line {n}: needs comparison_id or row_id and a pack in {', '.join(TASK_NAMES)}")
+            rows.append(row)
+    return rows
+
+
+def _done_ids(out_path):
+    """(id, repeat) pairs already in a prediction file; a torn last line is cut off."""
+    path = Path(out_path)
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):  # interrupted mid-write: drop the partial row
+        data = data[:data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    done = set()
+    for line in data.decode().splitlines():
+        try:
+            r = json.loads(line)
+            done.add((str(r["id"]), int(r["repeat"])))
+        except (ValueError, KeyError, TypeError):
+            pass
+    return done
+
+
+def prediction_row(row, forecast, repeat):
+    f = forecast
+    return dict(id=row["id"], task=row["task"], model=f.model, readout=f.readout, repeat=repeat,
+                probs=f.probs, parse_failed=f.parse_failed, parse_error=f.parse_error,
+                stated_bin=f.stated_bin, predicted_bin=f.predicted_bin, raw_sum=f.raw_sum,
+                true_speedup=row["true_speedup"], true_bin=row["true_bin"], tokens_in=f.tokens_in,
+                tokens_out=f.tokens_out, seconds=f.seconds, reasoning=f.reasoning)
+
+
+def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progress=True):
+    """Forecast every row `repeats` times into a Prediction-row JSONL file, appending one line per
+    row (flushed), skipping (id, repeat) pairs already written: an interrupted run resumes."""
+    from tqdm import tqdm
+    rows = read_rows(rows_path)
+    done = _done_ids(out_path)
+    todo = [(r, k) for k in range(repeats) for r in rows if (r["id"], k) not in done]
+    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not progress, desc="forecast", unit="row") as bar:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            for k in sorted({k for _, k in chunk}):
+                part = [r for r, kk in chunk if kk == k]
+                pairs = [(r["task"], r["anchor_code"], r["candidate_code"]) for r in part]
+                for r, f in zip(part, forecaster.forecast_pairs(pairs, repeat=k)):
+                    out.write(json.dumps(prediction_row(r, f, k)) + "\n")
+                    out.flush()
+                    bar.update(1)
+    return len(todo)
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+
+def choose_backend(args):
+    """--server if given; --embedded if asked; else the local model if its weights are here and a
+    GPU is present (or --model names one explicitly); else the embedded SmolLM2, with a notice."""
+    import torch
+    if args.server:
+        return OpenAIServerBackend(args.server, model=args.model or DEFAULT_MODEL, api_key=args.api_key,
+                                   reasoning_effort=args.reasoning_effort, adapter=args.adapter)
+    local = dict(adapter=args.adapter, reasoning_effort=args.reasoning_effort, batch_size=args.batch_size)
+    if not args.embedded:
+        if args.model and not _weights_available(args.model):
+            raise ModelNotFound(model_not_found_message(args.model))
+        if args.model or (torch.cuda.is_available() and _weights_available(DEFAULT_MODEL)):
+            return TransformersBackend(args.model or DEFAULT_MODEL, **local)
+    return embedded_backend(**local)
+
+
+def bar_chart(forecast, width=30):
+    lines = []
+    for b, p in zip(metrics.BINS, forecast.probs):
+        bar = "#" * round(p * width)
+        lines.append(f"{b} {metrics.BIN_NAMES[b - 1]:<20} {metrics.bin_label(b):<15} |{bar:<{width}}| {p:5.3f}")
+    return "\n".join(lines)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Forecast a candidate GPU kernel's speedup over a reference "
+                                            "as probabilities over 8 bins, and gate the forecast.")
+    p.add_argument("--task", help="task name (one candidate mode), e.g. cross_entropy")
+    p.add_argument("--candidate", help="candidate kernel file (Python module defining custom_kernel)")
+    p.add_argument("--reference", help="reference kernel file (default: the task's seed kernel)")
+    p.add_argument("--eval", metavar="ROWS.jsonl", help="forecast every row of an eval or training JSONL file")
+    p.add_argument("--out", metavar="PRED.jsonl", help="prediction rows for --eval (appended; reruns resume)")
+    p.add_argument("--repeats", type=int, default=1, help="forecasts per row for --eval (paper: 3)")
+    p.add_argument("--model", help=f"local model name or path (default {DEFAULT_MODEL}; with --server the served name)")
+    p.add_argument("--adapter", help="LoRA adapter folder (peft) for a local model; with --server, serve it as a model (vllm --lora-modules NAME=PATH) and pass --model NAME")
+    p.add_argument("--server", help="OpenAI-compatible server URL, e.g. http://localhost:8000/v1 (vllm serve)")
+    p.add_argument("--api-key", help="API key for --server (default: $OPENAI_API_KEY or 'EMPTY')")
+    p.add_argument("--reasoning-effort", default="medium", choices=REASONING_EFFORTS, help="GPT-OSS reasoning effort (paper: medium)")
+    p.add_argument("--readout", choices=("verbalized", "logits"),
+                   help="verbalized: the probabilities the model writes (default); logits: next-token "
+                        "probabilities of the bin digits (default for the embedded model)")
+    p.add_argument("--reasoning-tokens", type=int, default=0, help="logits read-out: tokens of reasoning before the answer is read")
+    p.add_argument("--max-new-tokens", type=int, default=4096, help="generation budget (paper: 16384 at evaluation)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0; 0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (repeat k uses seed + k)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE_PROFILES),
+                   help="hardware profile shown to the model (default: this machine's GPU, else a100-80gb)")
+    p.add_argument("--gate-score", default="maxprob", choices=metrics.CONFIDENCE_KINDS, help="confidence score the gate uses")
+    p.add_argument("--threshold", type=float, default=0.5, help="gate threshold: trust when the score is at least this")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="forecast cache folder")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the forecast cache")
+    p.add_argument("--batch-size", type=int, default=8, help="candidates generated together")
+    p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
+    p.add_argument("--json", action="store_true", help="print the forecast as JSON")
+    return p
+
+
+def main(argv=None, backend=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.eval:
+            if not args.out:
+                raise ValueError("--eval needs --out PRED.jsonl")
+            if not Path(args.eval).is_file():
+                raise ValueError(f"cannot read rows file {args.eval}")
+            read_rows(args.eval)  # bad rows fail before any model loads
+        elif not (args.task and args.candidate):
+            raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
+        else:
+            from tasks import get_task, seed_source
+            get_task(args.task)
+            try:
+                candidate = Path(args.candidate).read_text()
+                reference = Path(args.reference).read_text() if args.reference else seed_source(args.task)
+            except OSError as e:
+                raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
+        gate = Gate(args.gate_score, args.threshold)
+        backend = backend or choose_backend(args)
+        fc = Forecaster(backend, readout=args.readout, cache_dir=None if args.no_cache else args.cache_dir,
+                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                        reasoning_tokens=args.reasoning_tokens, hardware=hardware_info(args.hardware))
+        if args.eval:
+            n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size)
+            print(f"wrote {n} prediction rows to {args.out}", file=sys.stderr)
+            return 0
+        f = fc.forecast_many(args.task, reference, [candidate])[0]
+    except (ValueError, RuntimeError, OSError) as e:  # ModelNotFound is a RuntimeError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    decision = gate.decide(f)
+    if args.json:
+        print(json.dumps({**f.to_dict(), "gate": decision, "gate_score": args.gate_score,
+                          "confidence": f.confidence(args.gate_score)}))
+    elif f.parse_failed:
+        print(f"forecast failed ({f.model}): {f.parse_error}; gate: defer (measure on the GPU)")
+    else:
+        print(f"{args.task}: {args.candidate} vs {args.reference or 'the seed kernel'} ({f.model}, {f.readout} read-out)")
+        print(bar_chart(f))
+        print(f"expected speedup ~{2 ** f.expected_log2_speedup:.2f}x (expected bin {f.expected_bin:.2f}); "
+              f"predicted bin {f.predicted_bin}" + (f", the model said {f.stated_bin}" if f.bin_disagrees else ""))
+        print(f"confidence ({args.gate_score}) {f.confidence(args.gate_score):.3f}; gate (>= {args.threshold}): {decision}")
+    return 1 if f.parse_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

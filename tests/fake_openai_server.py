@@ -1,0 +1,119 @@
+"""A loopback OpenAI-compatible server for tests: the stand-in for `vllm serve openai/gpt-oss-20b`.
+
+    with FakeOpenAIServer(replies=[error(500), tool_call(args)]) as server:
+        backend = OpenAIServerBackend(server.url, ...)
+
+It answers POST {url}/chat/completions. Each request takes the next scripted reply; when the
+script is empty, `default(request)` answers (by default a forecast tool call, or top_logprobs when
+the request asks for logprobs). Every request body is recorded in `server.requests`. The server is
+bounded: it binds 127.0.0.1 on a free port, serves from one daemon thread, drops idle sockets after
+a few seconds, and stops on leaving the `with` block.
+"""
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DEFAULT_ARGS = {"predicted_bin": 5, "p_severe_slowdown": 0.0, "p_significant_slowdown": 0.0,
+                "p_moderate_slowdown": 0.05, "p_minor_slowdown": 0.15, "p_minor_speedup": 0.5,
+                "p_significant_speedup": 0.2, "p_high_speedup": 0.1, "p_extreme_speedup": 0.0,
+                "reasoning": "The candidate fuses two passes into one."}
+
+
+def _usage(prompt=100, completion=20):
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def tool_call(args=None, reasoning="Compare the memory traffic of both kernels.", name="submit_kernel_runtime_estimate"):
+    """A reply whose message calls the tool with `args` (a dict, or a raw string)."""
+    args = DEFAULT_ARGS if args is None else args
+    arguments = args if isinstance(args, str) else json.dumps(args)
+    message = {"role": "assistant", "content": None, "reasoning_content": reasoning,
+               "tool_calls": [{"id": "call_0", "type": "function",
+                               "function": {"name": name, "arguments": arguments}}]}
+    return 200, _completion(message, "tool_calls")
+
+
+def final_text(text, reasoning=None):
+    """A reply with plain content (the model answered in its final channel)."""
+    return 200, _completion({"role": "assistant", "content": text, "reasoning_content": reasoning}, "stop")
+
+
+def logprobs(probs_by_token):
+    """A one-token reply whose top_logprobs hold `probs_by_token` ({"3": 0.5, ...})."""
+    top = [{"token": t, "logprob": math.log(p), "bytes": list(t.encode())} for t, p in probs_by_token.items()]
+    best = max(top, key=lambda x: x["logprob"])
+    body = _completion({"role": "assistant", "content": best["token"]}, "length")
+    body["choices"][0]["logprobs"] = {"content": [{**best, "top_logprobs": top}]}
+    return 200, body
+
+
+def error(status, message="injected failure"):
+    return status, {"error": {"message": message, "type": "server_error", "code": status}}
+
+
+def _completion(message, finish_reason):
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+            "usage": _usage()}
+
+
+def default_reply(request):
+    if request.get("logprobs"):
+        return logprobs({"5": 0.4, "4": 0.3, "6": 0.2, " 5": 0.05})
+    return tool_call()
+
+
+class FakeOpenAIServer:
+    def __init__(self, replies=(), default=default_reply):
+        self.replies = list(replies)
+        self.default = default
+        self.requests = []
+        self._lock = threading.Lock()
+
+    def _next(self, request):
+        with self._lock:
+            self.requests.append(request)
+            if self.replies:
+                return self.replies.pop(0)
+        return self.default(request)
+
+    def __enter__(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = 5  # an idle client cannot hold the thread
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)) or 0)
+                try:
+                    request = json.loads(body or b"{}")
+                except ValueError:
+                    request = {}
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    status, reply = error(404, f"no route {self.path}")
+                else:
+                    status, reply = fake._next(request)
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        host, port = self._server.server_address
+        self.url = f"http://{host}:{port}/v1"
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
