@@ -59,7 +59,7 @@ from forecast_prompt import (FACTORS, FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIE
 
 DIGITS = tuple(str(b) for b in metrics.BINS)
 ANSWER_PREFIX = '{"predicted_bin": '
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "gpu-forecasters" / "forecasts"
+DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "forecasts"
 
 
 # ---- the forecast -----------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ Without CUDA, Triton kernels run in the interpreter (TRITON_INTERPRET must be se
 the Hugging Face hub. GPU-only tests carry @pytest.mark.gpu and are skipped without a GPU.
 """
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy/torch load BLAS (see below)
@@ -22,6 +24,10 @@ if not HAS_CUDA:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Measurement and forecast caches of the test run go to a fresh folder, never the user's home.
+_OWN_CACHE = None
+if "GPU_FORECASTERS_CACHE" not in os.environ:
+    _OWN_CACHE = os.environ["GPU_FORECASTERS_CACHE"] = tempfile.mkdtemp(prefix="gpu-forecasters-tests-")
 
 import pytest  # noqa: E402
 
@@ -33,3 +39,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
