@@ -1,0 +1,147 @@
+"""mutators.py: where the search's children come from (PAPER_FACTS §7).
+
+Two mutators share one method, `propose(parent, n, seen, key) -> [{"code", "error", "meta"}]`,
+where `parent` is a puct.Node, `seen` the code already proposed in this search (stripped), and
+`key` a string that makes the proposal deterministic (search.py passes seed/step/parent index).
+A proposal with `code=None` is a failed mutation: logged with its error, never measured.
+
+- LLMMutator: the paper's mutator. Any backend with the forecaster's `generate()` interface (a
+  local GPT-OSS, a vLLM/SGLang server) is prompted with the task, the rules, the parent's code and
+  its measured feedback; the child is the last ```python block of the reply.
+- CatalogMutator: an offline stand-in that needs no LLM, so the whole search runs anywhere. It
+  proposes the task's hand-written variants (tasks/kernels/<task>/), then edits of the parent's
+  `# tune:` constants (block sizes, num_warps, num_stages), one constant at a time.
+
+Split from search.py so the search loop reads in one sitting; nothing here knows about PUCT.
+"""
+import hashlib
+import json
+import random
+import re
+
+MUTATION_RULES = """You are an expert GPU kernel engineer. Rewrite the kernel below to make it faster.
+Rules:
+- The inputs are already on the GPU; do not move them.
+- Define `custom_kernel(data)` in one module and put ALL code in one final ```python block.
+- Several input shapes are tested, for correctness and for speed; do not specialise to one.
+- Write the kernel in Triton (PyTorch for glue only).
+- Start the module with a short docstring describing the algorithm."""
+
+TRUNCATE = 2000  # characters of an error message shown to the mutator
+
+
+def feedback_text(m):
+    """The mutator's view of a measurement dict (measure.Measurement.to_dict())."""
+    status, msg = m.get("status"), (m.get("message") or "")[:TRUNCATE]
+    if status == "compile_error":
+        return f"The kernel failed to compile:\n{msg}"
+    if status in ("runtime_error", "crashed", "timeout"):
+        return f"The kernel failed at run time ({status}):\n{msg}"
+    if status == "incorrect":
+        return f"The kernel produced incorrect output:\n{msg}"
+    if status != "ok":
+        return f"The kernel was rejected by the harness ({status}):\n{msg}"
+    lines = [f"The kernel is correct. Geometric-mean speedup over the reference: {m['speedup']:.3f}x.",
+             "Per-case results, slowest first:", "| case | kernel ms | reference ms | speedup |",
+             "|---|---|---|---|"]
+    timed = [c for c in m.get("cases", []) if c.get("candidate_ms") is not None]
+    for c in sorted(timed, key=lambda c: -c["candidate_ms"]):
+        lines.append(f"| {json.dumps(c.get('case'))} | {c['candidate_ms']:.4g} | "
+                     f"{c.get('reference_ms', float('nan')):.4g} | {c.get('speedup', float('nan')):.3f}x |")
+    lines.append("Rewrite the whole kernel to be as fast as possible.")
+    return "\n".join(lines)
+
+
+def mutation_messages(description, parent_code, parent_result, last_failure=None):
+    """The chat of PAPER_FACTS §7: rules, the task, the parent's code and its feedback."""
+    user = [f"Task:\n{description}", f"Current kernel:\n```python\n{parent_code}\n```",
+            f"Feedback on the current kernel:\n{feedback_text(parent_result)}"]
+    if last_failure:  # the last child of this parent failed: show why, so it is not repeated
+        user.append(f"Your previous rewrite of this kernel failed. {feedback_text(last_failure)}")
+    return [{"role": "system", "content": MUTATION_RULES}, {"role": "user", "content": "\n\n".join(user)}]
+
+
+PYTHON_BLOCK = re.compile(r"```python[ \t]*\n(.*?)```", re.S)
+
+
+def extract_code(text):
+    """The last complete ```python block of a reply, or None."""
+    blocks = PYTHON_BLOCK.findall(text or "")
+    return blocks[-1].strip() + "\n" if blocks else None
+
+
+def _int_seed(key):
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+
+
+class LLMMutator:
+    """Mutations from any forecaster backend's generate() (the same interface the forecaster uses)."""
+
+    name = "llm"
+
+    def __init__(self, backend, description, temperature=1.0, max_new_tokens=8192):
+        self.backend, self.description = backend, description
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+
+    def propose(self, parent, n, seen, key):
+        chat = mutation_messages(self.description, parent.code, parent.info.get("result", {}),
+                                 parent.info.get("last_failure"))
+        replies = self.backend.generate([chat] * n, max_new_tokens=self.max_new_tokens,
+                                        temperature=self.temperature, seed=_int_seed(key))
+        out = []
+        for r in replies:
+            code = extract_code(r.text)
+            meta = {"tokens_in": r.tokens_in, "tokens_out": r.tokens_out}
+            if getattr(r, "error", None):  # the backend could not answer (server down, too long)
+                out.append({"code": None, "error": f"generation failed: {r.error}", "meta": meta})
+            elif code is None:  # a failed mutation: recorded, never measured
+                out.append({"code": None, "error": "no ```python block in the reply",
+                            "meta": dict(meta, reply_tail=(r.text or "")[-300:])})
+            else:
+                out.append({"code": code, "error": None, "meta": meta})
+        return out
+
+
+TUNE_LINE = re.compile(r"^(?P<head>(?P<name>[A-Za-z_]\w*)\s*=\s*)(?P<value>\d+)(?P<tail>\s*#\s*tune:\s*"
+                       r"(?P<choices>\d+(?:\s*,\s*\d+)*)\s*)$", re.M)
+
+
+def tunables(code):
+    """{name: (current value, allowed values)} of the `NAME = 8  # tune: 4, 8, 16` lines."""
+    return {m["name"]: (int(m["value"]), [int(v) for v in m["choices"].split(",")])
+            for m in TUNE_LINE.finditer(code)}
+
+
+def set_tunable(code, name, value):
+    def repl(m):
+        return f"{m['head']}{value}{m['tail']}" if m["name"] == name else m.group(0)
+    return TUNE_LINE.sub(repl, code)
+
+
+class CatalogMutator:
+    """Offline mutations, no LLM: the task's hand-written variants, then one-constant edits of the
+    parent's `# tune:` values (block sizes, num_warps, num_stages). Deterministic for a key (the
+    search passes seed/step/parent) and never proposes code in `seen`."""
+
+    name = "catalog"
+
+    def __init__(self, variants):
+        self.variants = variants  # {name: source}
+
+    def propose(self, parent, n, seen, key):
+        rng = random.Random(key)
+        fresh = [(f"variant {name}", src) for name, src in sorted(self.variants.items())]
+        rng.shuffle(fresh)
+        edits = [(f"{name} {old} -> {v}", set_tunable(parent.code, name, v))
+                 for name, (old, choices) in sorted(tunables(parent.code).items())
+                 for v in choices if v != old]
+        rng.shuffle(edits)
+        out, taken = [], set(s.strip() for s in seen)
+        for what, code in fresh + edits:
+            if code.strip() in taken:
+                continue
+            taken.add(code.strip())
+            out.append({"code": code, "error": None, "meta": {"edit": what}})
+            if len(out) == n:
+                break
+        return out

@@ -1,0 +1,688 @@
+"""Tests of the PUCT kernel search (search.py, puct.py, mutators.py).
+
+Most tests run the search with scripted collaborators (a fake measure function, a scripted
+forecaster, deterministic mutators), so they need neither a GPU nor an LLM. The end-to-end tests
+run the real main command on CPU: one with real measurements, then its resume; one gated, with a
+fake embedded forecaster, to check that resuming a finished run loads no model.
+"""
+import json
+import math
+import random
+
+import pytest
+
+import metrics
+import search
+from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, mutation_messages,
+                      set_tunable, tunables)
+from forecaster import Gate
+from puct import Archive, Node
+from search import Config, Search, SearchError, as_forecast, predicts_gain
+from search_log import EventLog
+
+
+# ---- scripted collaborators ------------------------------------------------------------------
+
+class FakeMeasurement:
+    def __init__(self, status, speedup=None, message="", cases=None):
+        self.status, self.speedup, self.message = status, speedup, message
+        self.cases = cases or []
+
+    def to_dict(self):
+        return dict(status=self.status, speedup=self.speedup, cases=self.cases, message=self.message,
+                    device="FakeGPU", timer="fake")
+
+
+class BitMeasure:
+    """Reward of a bit-string 'kernel' = 1 + number of ones; 'x' in the code -> compile error."""
+
+    def __init__(self, crash_after=None):
+        self.calls, self.crash_after = [], crash_after
+
+    def __call__(self, task, source, **kw):
+        if self.crash_after is not None and len(self.calls) >= self.crash_after:
+            raise RuntimeError("simulated crash of the measuring process")
+        self.calls.append(source)
+        if "x" in source:
+            return FakeMeasurement("compile_error", message="SyntaxError: bad kernel")
+        return FakeMeasurement("ok", 1.0 + source.count("1"))
+
+
+class BitMutator:
+    """Children = single-bit flips of the parent, deterministic for the key."""
+
+    name = "bits"
+
+    def __init__(self, fail_every=0):
+        self.fail_every = fail_every
+
+    def propose(self, parent, n, seen, key):
+        bits = parent.code.strip()
+        flips = list(range(len(bits)))
+        random.Random(key).shuffle(flips)
+        out = []
+        for i in flips:
+            code = bits[:i] + ("1" if bits[i] == "0" else "0") + bits[i + 1:] + "\n"
+            if code.strip() not in seen:
+                out.append({"code": code, "error": None, "meta": {"flip": i}})
+            if len(out) == n:
+                break
+        if self.fail_every:
+            out = [c if (k + 1) % self.fail_every else {"code": None, "error": "no block", "meta": {}}
+                   for k, c in enumerate(out)]
+        return out
+
+
+class FakeForecast:
+    def __init__(self, probs):
+        self.parse_failed = probs is None
+        self.probs = None if probs is None else list(metrics.as_probs(probs))
+
+    def to_dict(self):
+        return {"probs": self.probs, "parse_failed": self.parse_failed}
+
+
+def peaked(bin_, conf):
+    """A forecast putting `conf` on one bin and spreading the rest evenly."""
+    p = [(1 - conf) / 7] * 8
+    p[bin_ - 1] = conf
+    return p
+
+
+class ScriptedForecaster:
+    """Forecast = script(code) (a list of 8 probabilities or None for a parse failure)."""
+
+    def __init__(self, script):
+        self.script, self.calls = script, 0
+
+    def forecast_many(self, task, reference_code, codes):
+        self.calls += len(codes)
+        return [FakeForecast(self.script(code)) for code in codes]
+
+
+def ones_forecast(code):
+    """Scripted: the more ones, the higher the forecast bin (a perfectly ranking forecaster)."""
+    return peaked(min(8, 1 + code.count("1")), 0.6)
+
+
+def cfg(**kw):
+    base = dict(task="toy", gate="none", seed=0, steps=50, budget=12, parents=2, mutations=4,
+                measure_per_parent=4, mutator="bits", scale="cpu")
+    base.update(kw)
+    return Config(**base)
+
+
+def run(tmp_path, name="run", seed_code="00000000\n", measure=None, forecaster=None, mutator=None, **kw):
+    measure = measure or BitMeasure()
+    s = Search(cfg(**kw), tmp_path / name, seed_code=seed_code, mutator=mutator or BitMutator(),
+               measure_fn=measure, forecaster=forecaster, progress=False, say=lambda *a: None)
+    return s, s.run(), measure
+
+
+# ---- PUCT maths on hand-checked archives --------------------------------------------------------
+
+def three_nodes():
+    """seed (r=1.0) expanded once into a (r=2.0) and b (r=1.5)."""
+    ar = Archive(c=1.0, keep_children=2)
+    ar.add_seed("seed", "S", 1.0)
+    ar.expand("seed", [("a", "A", 2.0, {}), ("b", "B", 1.5, {})])
+    return ar
+
+
+def test_rank_prior_sums_to_one_and_is_linear_in_rank():
+    ar = three_nodes()
+    prior = ar.rank_prior()
+    assert sum(prior.values()) == pytest.approx(1.0)
+    # N = 3, ranks a=0, b=1, seed=2; weights 3, 2, 1 over a total of 6.
+    assert prior == pytest.approx({"a": 3 / 6, "b": 2 / 6, "seed": 1 / 6})
+
+
+def test_puct_scores_on_a_three_node_archive_match_hand_computation():
+    ar = three_nodes()
+    # T = 1 expansion; scale = max - min over non-seed rewards = 2.0 - 1.5 = 0.5; sqrt(1 + T) = sqrt 2.
+    # a:    Q = r = 2.0 (unvisited)          bonus = 1 * 0.5 * (3/6) * sqrt2 / (1 + 0) = 0.353553
+    # b:    Q = r = 1.5 (unvisited)          bonus = 1 * 0.5 * (2/6) * sqrt2 / (1 + 0) = 0.235702
+    # seed: Q = best child = 2.0 (n = 1)     bonus = 1 * 0.5 * (1/6) * sqrt2 / (1 + 1) = 0.058926
+    assert ar.scale() == pytest.approx(0.5)
+    assert ar.scores() == pytest.approx({"a": 2.353553, "b": 1.735702, "seed": 2.058926}, abs=1e-6)
+    # a wins; the seed is a's ancestor, so it is blocked; b (a's sibling) is not.
+    assert ar.select(2) == ["a", "b"]
+    assert ar.select(1) == ["a"]
+
+
+def test_scale_defaults():
+    ar = Archive()
+    ar.add_seed("seed", "S", 1.0)
+    assert ar.scale() == 1.0  # no non-seed node yet
+    ar.expand("seed", [("a", "A", 3.0, {})])
+    assert ar.scale() == 1e-6  # one non-seed reward: zero range, floored
+
+
+def test_bonus_decays_with_visits_and_grows_with_expansions_elsewhere():
+    ar = three_nodes()
+    bonus_a, bonus_b = [], []
+    for _ in range(4):
+        s = ar.scores()
+        bonus_a.append(s["a"] - ar.nodes["a"].q())
+        bonus_b.append(s["b"] - ar.nodes["b"].q())
+        ar.expand("a", [])  # a's children all failed: a visit, no child
+    assert all(x > y for x, y in zip(bonus_a, bonus_a[1:]))
+    assert all(x < y for x, y in zip(bonus_b, bonus_b[1:]))  # b never visited, T grows
+    assert ar.nodes["a"].visits == 4 and ar.nodes["a"].best_child is None
+    assert ar.nodes["a"].q() == 2.0  # visited but childless: Q falls back to its own reward
+
+
+def test_back_propagation_of_visits_and_best_child():
+    ar = three_nodes()
+    kept = ar.expand("a", [("a1", "A1", 5.0, {}), ("a2", "A2", 0.5, {})])
+    assert kept == ["a1", "a2"]
+    assert (ar.nodes["a"].visits, ar.nodes["seed"].visits, ar.nodes["b"].visits) == (1, 2, 0)
+    assert ar.expansions == 2
+    assert ar.nodes["a"].best_child == 5.0 and ar.nodes["a"].q() == 5.0  # max, not mean
+    assert ar.nodes["seed"].best_child == 2.0  # only the expanded parent's value changes
+    ar.expand("a", [("a3", "A3", 1.0, {})])
+    assert ar.nodes["a"].best_child == 5.0  # max(old, new)
+
+
+def test_lineage_blocking_never_picks_two_nodes_of_one_line():
+    ar = three_nodes()
+    ar.expand("a", [("a1", "A1", 9.0, {})])
+    ar.expand("a1", [("a11", "A11", 10.0, {})])
+    for k in (2, 3, 5):
+        picked = ar.select(k)
+        for i, x in enumerate(picked):
+            for y in picked[i + 1:]:
+                assert y not in ar.ancestors(x) | ar.descendants(x)
+    assert len(ar.select(5)) == 2  # one node from the a-line plus b; the seed is everyone's ancestor
+
+
+def test_top_k_children_and_exact_duplicates():
+    ar = Archive(keep_children=2)
+    ar.add_seed("seed", "S\n", 1.0)
+    kept = ar.expand("seed", [("c1", "C1", 3.0, {}), ("c2", "C2", 5.0, {}), ("c3", "C3", 4.0, {}),
+                              ("dup", "S", 9.0, {}), ("dup2", "C2", 6.0, {})])
+    # "S" duplicates the seed's code, "C2" a sibling's: both dropped before the top-2 cut.
+    assert kept == ["c2", "c3"]
+    assert set(ar.nodes) == {"seed", "c2", "c3"}
+    assert ar.nodes["seed"].best_child == 5.0
+
+
+def test_capacity_keeps_seeds_then_best_rewards():
+    ar = Archive(capacity=3, keep_children=10)
+    ar.add_seed("seed", "S", 0.1)  # the worst reward, still kept
+    ar.expand("seed", [(f"c{i}", f"C{i}", float(i), {}) for i in range(1, 5)])
+    assert set(ar.nodes) == {"seed", "c4", "c3"}
+    assert sorted(ar.nodes["seed"].children) == ["c3", "c4"]
+
+
+# ---- the search on a toy problem --------------------------------------------------------------
+
+def test_convergence_on_bit_strings(tmp_path):
+    s, summary, measure = run(tmp_path, budget=80, steps=40)
+    assert summary["best_speedup"] == 9.0  # all eight bits set
+    assert summary["measurements"] <= 80
+    assert s.archive.best().code.strip() == "11111111"
+    assert len(measure.calls) == len(set(measure.calls))  # never measures the same code twice
+
+
+@pytest.mark.parametrize("budget", [1, 5, 7, 12])
+def test_budget_never_exceeded(tmp_path, budget):
+    _, summary, measure = run(tmp_path, budget=budget, parents=2, mutations=4)
+    assert summary["measurements"] == budget
+    assert len(measure.calls) == budget + 1  # + the seed, which the budget does not count
+
+
+def test_failed_candidates_count_as_visits_but_never_enter_the_archive(tmp_path):
+    # 'x' kernels fail to compile; a mutator that only proposes them leaves the seed alone.
+    class Broken:
+        name = "broken"
+
+        def propose(self, parent, n, seen, key):
+            return [{"code": f"x{key}-{i}\n", "error": None, "meta": {}} for i in range(n)]
+
+    s, summary, _ = run(tmp_path, mutator=Broken(), budget=8, parents=2, mutations=4)
+    assert summary["measurements"] == 8 and summary["failed_measurements"] == 8
+    assert list(s.archive.nodes) == ["seed"]
+    assert s.archive.nodes["seed"].visits == 2 and s.archive.expansions == 2
+    assert s.archive.nodes["seed"].info["last_failure"]["status"] == "compile_error"
+    assert summary["training_rows"] == 1  # only the seed has a speedup
+
+
+def test_failed_mutations_are_recorded_and_not_measured(tmp_path):
+    _, summary, measure = run(tmp_path, mutator=BitMutator(fail_every=2), budget=6, mutations=4)
+    assert summary["failed_mutations"] > 0
+    assert summary["candidates_proposed"] == summary["candidates_considered"] + summary["failed_mutations"]
+    assert len(measure.calls) == 7
+
+
+# ---- gate modes -----------------------------------------------------------------------------------
+
+def test_gate_none_measures_every_mutation_without_forecasts(tmp_path):
+    fc = ScriptedForecaster(ones_forecast)
+    _, summary, measure = run(tmp_path, gate="none", forecaster=fc, budget=12, mutations=4)
+    assert fc.calls == 0 and summary["forecasts"] == 0 and summary["skipped"] == 0
+    assert summary["candidates_considered"] == 12 and len(measure.calls) == 13
+
+
+def test_gate_topk_forecasts_all_and_measures_the_best_k(tmp_path):
+    fc = ScriptedForecaster(ones_forecast)
+    s, summary, measure = run(tmp_path, gate="topk", forecaster=fc, budget=6, parents=1,
+                              mutations=8, measure_per_parent=2)
+    # 3 steps x 1 parent, 2 measured each. Forecast: 8 flips of the seed, then 7 and 6 (flips back
+    # to code already proposed in an earlier step are never proposed again).
+    assert summary["measurements"] == 6 and summary["forecasts"] == 8 + 7 + 6 == fc.calls
+    assert summary["skipped"] == 15 and summary["skipped_by_reason"] == {"below top-k": 15}
+    # The forecaster ranks by ones, so every measured child has a one more than its parent:
+    # the best measured reward climbs by one a step (1 -> 2 -> 3 -> 4).
+    assert summary["best_speedup"] == 4.0
+    sel = [e for e in s.log.events if e["kind"] == "selection"]
+    assert [(len(e["payload"]["measure"]), len(e["payload"]["skip"])) for e in sel] == [(2, 6), (2, 5), (2, 4)]
+
+
+def test_topk_ranks_parse_failures_last(tmp_path):
+    # Parse failure for the child that flips bit 0; a confident bin-2 forecast for the others.
+    # Were a parse failure read as uniform (expected bin 4.5 > 2.29) it would be measured first.
+    fc2 = ScriptedForecaster(lambda code: None if code.startswith("1") else peaked(2, 0.9))
+    _, summary2, measure2 = run(tmp_path, name="b", gate="topk", forecaster=fc2, budget=2, parents=1,
+                                mutations=8, measure_per_parent=2)
+    assert summary2["forecasts"] == 8 and len(measure2.calls) == 3
+    assert not any(c.startswith("1") for c in measure2.calls[1:])
+
+
+def test_confidence_gate_with_a_fixed_threshold(tmp_path):
+    # Children of the all-zero seed differ by which bit flips; script by that position:
+    #   bit 0 -> confident bin 8 (a gain over a 1.0x parent): measure
+    #   bit 1 -> confident bin 1 (no gain): skip
+    #   bit 2 -> unsure (uniform): the gate defers: measure
+    #   bit 3 -> parse failure: defer: measure
+    script = {0: peaked(8, 0.9), 1: peaked(1, 0.9), 2: [1 / 8] * 8, 3: None}
+
+    class FirstFour(BitMutator):
+        def propose(self, parent, n, seen, key):
+            bits = parent.code.strip()
+            return [{"code": bits[:i] + "1" + bits[i + 1:] + "\n", "error": None, "meta": {}} for i in range(4)]
+
+    fc = ScriptedForecaster(lambda code: script[code.index("1")])
+    s, summary, measure = run(tmp_path, gate="confidence", threshold=0.5, forecaster=fc, mutator=FirstFour(),
+                              budget=3, steps=1, parents=1, mutations=4, measure_per_parent=4)
+    assert summary["measurements"] == 3 and summary["skipped"] == 1
+    assert summary["skipped_by_reason"] == {"confident: no gain over parent": 1}
+    assert sorted(c.index("1") for c in measure.calls[1:]) == [0, 2, 3]
+
+
+def test_predicts_gain_compares_against_the_parents_measured_reward():
+    f = as_forecast({"parse_failed": False, "probs": peaked(8, 0.9), "record": {}})
+    e = metrics.expected_log2_speedup(f.probs)  # about 1.56: a ~2.9x forecast vs the reference
+    assert predicts_gain(f, 1.0) and predicts_gain(f, 2 ** (e - 0.01))
+    assert not predicts_gain(f, 2 ** (e + 0.01)) and not predicts_gain(f, 8.0)
+    # A logged forecast goes through forecaster.Gate, the project's one gate rule.
+    assert f.predicted_bin == 8
+    assert Gate("maxprob", 0.95).decide(f) == "defer" and Gate("maxprob", 0.9).decide(f) == "trust"
+    failed = as_forecast({"parse_failed": True, "probs": None, "record": {}})
+    assert failed.predicted_bin is None and Gate("maxprob", 0.0).decide(failed) == "defer"
+
+
+def test_confidence_gate_learns_its_threshold_from_measured_labels(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_threshold(confidences, correct, target_risk, delta):
+        calls.append((list(confidences), list(correct), target_risk, delta))
+        return {"threshold": 0.5}
+
+    monkeypatch.setattr(metrics, "guaranteed_risk_threshold", fake_threshold)
+    # Confidently predicts bin 1 (no gain) for everything.
+    fc = ScriptedForecaster(lambda code: peaked(1, 0.9))
+    s, summary, _ = run(tmp_path, gate="confidence", forecaster=fc, budget=20, steps=3, parents=1,
+                        mutations=4, measure_per_parent=4, min_labels=2, target_risk=0.2, delta=0.05)
+    sel = [e["payload"] for e in s.log.events if e["kind"] == "selection"]
+    assert sel[0]["threshold"] is None and len(sel[0]["measure"]) == 4  # no labels: defer all
+    assert sel[1]["threshold"] == 0.5 and sel[1]["measure"] == []  # trusted: no gain, all skipped
+    confidences, correct, risk, delta = calls[0]
+    assert len(confidences) == 4 and confidences == pytest.approx([0.9] * 4)
+    assert correct == [False] * 4  # true speedup 2.0 is bin 6, the forecast said bin 1
+    assert (risk, delta) == (0.2, 0.05)
+    assert summary["measurements"] == 4 and summary["skipped"] == 8
+
+
+# ---- event log and resume -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gate", ["none", "topk"])
+def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, gate):
+    kw = dict(gate=gate, budget=10, mutations=4 if gate == "none" else 6, measure_per_parent=2)
+    ref, ref_summary, ref_measure = run(tmp_path, "ref", forecaster=ScriptedForecaster(ones_forecast), **kw)
+
+    first = BitMeasure(crash_after=5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(tmp_path, "crashy", measure=first, forecaster=ScriptedForecaster(ones_forecast), **kw)
+    second = BitMeasure()
+    again, summary, _ = run(tmp_path, "crashy", measure=second, forecaster=ScriptedForecaster(ones_forecast), **kw)
+
+    assert first.calls + second.calls == ref_measure.calls  # nothing measured twice, nothing lost
+    assert again.archive.to_dict() == ref.archive.to_dict()
+    assert summary["measurements"] == ref_summary["measurements"]
+    events = [json.loads(l) for l in (tmp_path / "crashy" / "events.jsonl").read_text().splitlines()]
+    rids = [e["request_id"] for e in events if e["kind"] == "measurement"]
+    assert len(rids) == len(set(rids))
+    assert all(set(e) == {"kind", "step", "request_id", "parent_id", "payload", "time"} for e in events)
+    # The crashed request was logged without a result, then issued again.
+    reqs = [e["request_id"] for e in events if e["kind"] == "request"]
+    assert len(reqs) == len(set(reqs)) + 1
+
+
+def test_rerun_of_a_finished_run_measures_nothing(tmp_path):
+    run(tmp_path, budget=6)
+    measure = BitMeasure()
+    _, summary, _ = run(tmp_path, budget=6, measure=measure)
+    assert measure.calls == [] and summary["measurements"] == 6
+    # A bigger budget extends the same run.
+    _, summary, _ = run(tmp_path, budget=8, measure=measure)
+    assert len(measure.calls) == 2 and summary["measurements"] == 8
+
+
+def test_corrupt_last_line_is_dropped(tmp_path):
+    run(tmp_path, budget=4)
+    log = tmp_path / "run" / "events.jsonl"
+    n_lines = len(log.read_text().splitlines())
+    with open(log, "a") as f:
+        f.write('{"kind": "measurement", "step": 3, "requ')  # a write torn by a crash
+    measure = BitMeasure()
+    _, summary, _ = run(tmp_path, budget=4, measure=measure)
+    assert measure.calls == [] and summary["measurements"] == 4
+    lines = log.read_text().splitlines()
+    assert len(lines) == n_lines and all(json.loads(l) for l in lines)
+
+
+def test_corrupt_middle_line_is_refused(tmp_path):
+    run(tmp_path, budget=2)
+    log = tmp_path / "run" / "events.jsonl"
+    lines = log.read_text().splitlines()
+    lines[1] = lines[1][:10]
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SearchError, match="line 2 is corrupt"):
+        EventLog(log)
+
+
+def test_mismatched_configuration_is_refused(tmp_path):
+    run(tmp_path, budget=2, gate="none")
+    with pytest.raises(SearchError, match="gate='none'.*gate='topk'"):
+        run(tmp_path, budget=2, gate="topk", forecaster=ScriptedForecaster(ones_forecast))
+    with pytest.raises(SearchError, match="seed=0.*seed=1"):
+        run(tmp_path, budget=2, seed=1)
+
+
+def test_cli_refuses_a_mismatched_out_in_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "events.jsonl").write_text(json.dumps({"kind": "config", "step": None, "request_id": "config",
+                                                  "parent_id": None, "payload": {"task": "trimul"}, "time": 0}) + "\n")
+    rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog",
+                      "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "task='trimul'" in err[0] and "--out" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["events.jsonl"]
+
+
+def test_cli_rejects_bad_numbers_in_one_line(capsys):
+    assert search.main(["--task", "cross_entropy", "--budget", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--budget" in err[0]
+
+
+def test_outputs_and_training_rows(tmp_path):
+    s, summary, _ = run(tmp_path, budget=6)
+    out = tmp_path / "run"
+    for name in ("events.jsonl", "archive.json", "best_kernel.py", "summary.json",
+                 "training_rows.jsonl", "best_speedup.png"):
+        assert (out / name).stat().st_size > 0, name
+    rows = [json.loads(l) for l in (out / "training_rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 7  # the seed + 6 successful measurements
+    assert {k for r in rows for k in r} == {"row_id", "pack", "anchor_code", "candidate_code",
+                                            "aggregated_speedup", "relative_bin", "hardware",
+                                            "pair_type", "source_id"}
+    assert [r["pair_type"] for r in rows] == ["seed"] + ["parent_edit"] * 6
+    assert all(r["anchor_code"] == "00000000\n" and r["hardware"] == "FakeGPU" for r in rows)
+    assert all(r["relative_bin"] == metrics.speedup_to_bin(r["aggregated_speedup"]) for r in rows)
+    assert len({r["row_id"] for r in rows}) == 7
+    assert (out / "best_kernel.py").read_text() == s.archive.best().code
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["best_speedup"] == summary["best_speedup"] == max(r["aggregated_speedup"] for r in rows)
+    assert set(saved["time_s"]) == {"mutation", "forecast", "measurement", "this_run_wall"}
+    curve = saved["best_vs_measurements"]
+    assert curve[0][0] == 0 and curve[-1][0] == 6 and all(a[1] <= b[1] for a, b in zip(curve, curve[1:]))
+
+
+def test_seed_that_fails_to_measure_stops_with_a_clear_error(tmp_path):
+    with pytest.raises(SearchError, match="seed kernel did not measure ok"):
+        run(tmp_path, seed_code="x0000\n")
+
+
+# ---- mutators -----------------------------------------------------------------------------------
+
+class RecordingBackend:
+    def __init__(self, replies):
+        self.replies, self.seen = replies, []
+
+    def generate(self, conversations, *, max_new_tokens, temperature, seed):
+        self.seen.append(dict(conversations=conversations, temperature=temperature, seed=seed))
+
+        class C:
+            def __init__(self, text):
+                self.text, self.tokens_in, self.tokens_out = text, 10, 20
+        return [C(self.replies[i % len(self.replies)]) for i in range(len(conversations))]
+
+
+OK_RESULT = {"status": "ok", "speedup": 1.234, "message": "", "cases": [
+    {"case": {"V": 1}, "candidate_ms": 1.0, "reference_ms": 2.0, "speedup": 2.0},
+    {"case": {"V": 2}, "candidate_ms": 9.0, "reference_ms": 3.0, "speedup": 0.33},
+    {"case": {"V": 3}, "candidate_ms": 4.0, "reference_ms": 4.0, "speedup": 1.0}]}
+
+
+def test_llm_prompt_contains_task_code_and_success_feedback_slowest_first():
+    backend = RecordingBackend(["```python\nA = 1\n```"])
+    parent = Node("p", "def custom_kernel(data):\n    return PARENT_MARKER\n", 1.234, info={"result": OK_RESULT})
+    out = LLMMutator(backend, "TASK DESCRIPTION MARKER").propose(parent, 3, set(), "0/1/0")
+    assert [c["code"] for c in out] == ["A = 1\n"] * 3
+    chat = backend.seen[0]["conversations"][0]
+    system, user = chat[0]["content"], chat[1]["content"]
+    for rule in ("already on the GPU", "```python", "Triton", "docstring", "Several input shapes"):
+        assert rule in system
+    assert "TASK DESCRIPTION MARKER" in user and "PARENT_MARKER" in user
+    assert "1.234x" in user and "Rewrite the whole kernel to be as fast as possible" in user
+    rows = [l for l in user.splitlines() if l.startswith("| {")]
+    assert [json.loads(r.split("|")[1])["V"] for r in rows] == [2, 3, 1]  # slowest (9 ms) first
+    assert backend.seen[0]["temperature"] == 1.0
+
+
+def test_feedback_for_each_failure_is_truncated():
+    long = "E" * 5000
+    for status, words in [("compile_error", "failed to compile"), ("runtime_error", "run time"),
+                          ("incorrect", "incorrect output"), ("timeout", "run time")]:
+        text = feedback_text({"status": status, "message": long})
+        assert words in text and "E" * 2000 in text and "E" * 2001 not in text
+    chat = mutation_messages("T", "code", OK_RESULT, last_failure={"status": "incorrect", "message": "max diff 3"})
+    assert "previous rewrite of this kernel failed" in chat[1]["content"] and "max diff 3" in chat[1]["content"]
+
+
+def test_code_is_the_last_python_block_and_no_block_is_a_failed_mutation():
+    text = "plan\n```python\nfirst = 1\n```\nbetter:\n```cuda\nnope\n```\n```python\nsecond = 2\n```\nbye"
+    assert extract_code(text) == "second = 2\n"
+    assert extract_code("no code here") is None
+    assert extract_code("```python\nunterminated = 1\n") is None
+    backend = RecordingBackend(["just words", "```python\nok = 1\n```"])
+    out = LLMMutator(backend, "T").propose(Node("p", "c", 1.0, info={"result": OK_RESULT}), 2, set(), "k")
+    assert out[0]["code"] is None and "no ```python block" in out[0]["error"]
+    assert out[1]["code"] == "ok = 1\n"
+
+
+def test_llm_mutator_inside_the_search_records_failed_mutations(tmp_path):
+    backend = RecordingBackend(["sorry, no code", "```python\n00000001\n```"])
+    _, summary, measure = run(tmp_path, mutator=LLMMutator(backend, "T"), budget=1, steps=1, mutations=2)
+    assert summary["failed_mutations"] == 1 and measure.calls == ["00000000\n", "00000001\n"]
+    events = [json.loads(l) for l in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    mutation = next(e for e in events if e["kind"] == "mutation")
+    assert mutation["payload"]["candidates"][0]["error"].startswith("no ```python block")
+
+
+KERNEL = "import triton\nBLOCK = 64  # tune: 32, 64, 128\nNUM_WARPS = 4  # tune: 2, 4\ndef custom_kernel(d): pass\n"
+
+
+def test_tunables_are_parsed_and_edited_in_place():
+    assert tunables(KERNEL) == {"BLOCK": (64, [32, 64, 128]), "NUM_WARPS": (4, [2, 4])}
+    edited = set_tunable(KERNEL, "BLOCK", 128)
+    assert "BLOCK = 128  # tune: 32, 64, 128\n" in edited and "NUM_WARPS = 4  # tune: 2, 4" in edited
+    assert tunables(edited)["BLOCK"] == (128, [32, 64, 128])
+
+
+def test_catalog_mutator_is_deterministic_and_never_repeats_seen_code():
+    variants = {"v1": "V1 = 1  # tune: 1, 2\n", "v2": KERNEL}
+    mut = CatalogMutator(variants)
+    parent = Node("p", KERNEL.replace("BLOCK = 64", "BLOCK = 32"), 1.0)
+    a = mut.propose(parent, 10, set(), "0/1/0")
+    assert a == mut.propose(parent, 10, set(), "0/1/0")
+    codes = [c["code"] for c in a]
+    # v2 happens to be one edit of the parent; it is proposed once, as a variant, first.
+    assert codes[:2] in ([variants["v1"], KERNEL], [KERNEL, variants["v1"]])
+    assert len(codes) == 2 + 2 == len(set(codes))  # + BLOCK 32->128 and NUM_WARPS 4->2 (32->64 is v2)
+    seen = {c.strip() for c in codes[:3]}
+    b = mut.propose(parent, 10, seen, "0/1/0")
+    assert [c["code"] for c in b] == [codes[3]]
+    assert mut.propose(parent, 10, seen | {codes[3].strip()}, "0/1/0") == []
+
+
+def test_catalog_reads_the_real_task_variants():
+    import tasks
+    variants = tasks.variant_sources("cross_entropy")
+    if not variants:
+        pytest.skip("no cross_entropy variants yet")
+    assert any(tunables(src) for src in variants.values())
+    parent = Node("seed", tasks.seed_source("cross_entropy"), 1.0)
+    out = CatalogMutator(variants).propose(parent, 16, {parent.code.strip()}, "0/0/0")
+    assert {c["code"] for c in out} >= set(variants.values())
+
+
+# ---- the main command end to end ----------------------------------------------------------------
+
+def _no_model_builds(monkeypatch):
+    """Make building any model an error: the embedded forecaster and the LLM backends."""
+    import forecaster
+
+    def refuse(*a, **kw):
+        raise AssertionError("a model was built")
+    for name in ("embedded_backend", "TransformersBackend", "OpenAIServerBackend"):
+        monkeypatch.setattr(forecaster, name, refuse)
+
+
+@pytest.mark.slow
+def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("measure")
+    out = tmp_path / "ce"
+    argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1",
+            "--out", str(out), "--no-progress"]
+    rc = search.main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "mutator: offline catalog" in captured.out and "measurement: cpu scale" in captured.out
+    for name in ("events.jsonl", "archive.json", "best_kernel.py", "summary.json",
+                 "training_rows.jsonl", "best_speedup.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["measurements"] == 1 and summary["seed_speedup"] > 0
+    rows = [json.loads(l) for l in (out / "training_rows.jsonl").read_text().splitlines()]
+    assert rows[0]["pair_type"] == "seed" and rows[0]["pack"] == "cross_entropy"
+    assert math.isfinite(summary["best_speedup"])
+
+    # The same command again resumes the finished run: everything is answered from the log.
+    log = (out / "events.jsonl").read_text()
+    _no_model_builds(monkeypatch)
+    monkeypatch.setattr("measure.measure", lambda *a, **kw: pytest.fail("measured on a resume"))
+    rc = search.main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "resuming from" in captured.out
+    assert (out / "events.jsonl").read_text() == log  # no new request, result or derived event
+    again = json.loads((out / "summary.json").read_text())
+    assert (again["measurements"], again["best_speedup"]) == (1, summary["best_speedup"])
+
+
+class FakeEmbeddedBackend:
+    """Stands in for the embedded SmolLM2 under the logits read-out; counts how often it is built."""
+
+    builds = 0
+    name, embedded, adapter = "fake-embedded", True, None
+
+    def __init__(self, **kw):
+        type(self).builds += 1
+
+    def answer_prompt(self, messages, reasoning, prefix, tools):
+        return [len(messages[-1]["content"])]  # one 'token' that differs between candidates
+
+    def next_token_probs(self, prompts, digits):
+        return [peaked(1 + p[0] % 8, 0.5) for p in prompts]
+
+
+def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, monkeypatch):
+    import os
+    from pathlib import Path
+
+    import forecaster
+    pytest.importorskip("measure")
+    FakeEmbeddedBackend.builds = 0
+    monkeypatch.setattr(forecaster, "embedded_backend", FakeEmbeddedBackend)
+    monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
+    out = tmp_path / "gated"
+    argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "2",
+            "--out", str(out), "--no-progress"]
+    assert search.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "forecaster: embedded SmolLM2-135M (logits read-out)" in printed
+    first = json.loads((out / "summary.json").read_text())
+    assert FakeEmbeddedBackend.builds == 1
+    assert first["forecasts"] == first["candidates_considered"] > first["measurements"] == 2
+    # Forecasts are cached under GPU_FORECASTERS_CACHE (a temporary folder in tests), not the home.
+    assert list((Path(os.environ["GPU_FORECASTERS_CACHE"]) / "forecasts").glob("*.json"))
+
+    log = (out / "events.jsonl").read_text()
+    monkeypatch.setattr("measure.measure", lambda *a, **kw: pytest.fail("measured on a resume"))
+    assert search.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "forecaster: embedded SmolLM2-135M" in printed and "resuming from" in printed
+    assert FakeEmbeddedBackend.builds == 1  # the start-up named the forecaster but never loaded it
+    assert (out / "events.jsonl").read_text() == log
+    again = json.loads((out / "summary.json").read_text())
+    assert (again["forecasts"], again["measurements"], again["best_speedup"]) == \
+        (first["forecasts"], 2, first["best_speedup"])
+
+
+def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("measure")
+    measure = BitMeasure()
+    env = dict(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
+               forecaster_name="scripted", budget=8, description="T", gated_mutations=12, measure_kwargs={})
+    monkeypatch.setattr(search, "setup", lambda args, say=print: env)
+    monkeypatch.setattr("measure.measure", measure)
+    monkeypatch.setattr("tasks.seed_source", lambda name: "0" * 16 + "\n")
+    out = tmp_path / "cmp"
+    assert search.main(["--task", "cross_entropy", "--compare", "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "compare.json").read_text())
+    gated, ungated = results["gated"], results["ungated"]
+    assert (gated["gate"], ungated["gate"]) == ("topk", "none")
+    assert gated["measurements"] == ungated["measurements"] == 8
+    # Same 8 measurements; 12 mutations forecast per parent vs 4 measured per parent.
+    assert (gated["candidates_considered"], ungated["candidates_considered"]) == (24, 8)
+    assert gated["forecasts"] == 24 and ungated["forecasts"] == 0
+    assert (out / "compare.png").stat().st_size > 0
+    assert (out / "gated" / "events.jsonl").exists() and (out / "ungated" / "events.jsonl").exists()
+    printed = capsys.readouterr().out
+    assert "gated" in printed and "ungated" in printed
+
+
+def test_confidence_gate_with_the_real_guaranteed_risk_threshold(tmp_path):
+    # A forecaster that is always right (the true bin of 1 + ones) and 95% sure of it.
+    fc = ScriptedForecaster(lambda code: peaked(metrics.speedup_to_bin(1 + code.count("1")), 0.95))
+    s, summary, _ = run(tmp_path, seed_code="0" * 16 + "\n", gate="confidence", forecaster=fc, budget=24,
+                        steps=8, parents=1, mutations=8, measure_per_parent=4, min_labels=10)
+    taus = [e["payload"]["threshold"] for e in s.log.events if e["kind"] == "selection"]
+    assert taus[:3] == [None, None, None]  # 4 + 4 labels < 10: defer everything
+    assert all(t is not None and t <= 0.95 for t in taus[3:]) and len(taus) > 3
+    # Once trusted, children forecast no faster than their parent (bins saturate at 4x) are skipped.
+    assert summary["skipped_by_reason"].get("confident: no gain over parent", 0) > 0
