@@ -19,6 +19,9 @@ sys.path.insert(0, str(ROOT))
 # The interpreter's tl.dot runs on numpy's BLAS; its thread pool fighting torch's for 2 cores
 # stalls later torch matmuls for seconds, hence OPENBLAS_NUM_THREADS=1 above.
 HAS_CUDA = torch.cuda.is_available()
+# Tiny tensors gain nothing from a second thread, and on a busy 2-core machine waking the pool
+# cost seconds per op (measured: a first [32,32,128] einsum took 2 s with 2 threads, 1 ms with 1).
+torch.set_num_threads(1)
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
