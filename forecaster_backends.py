@@ -32,11 +32,15 @@ import importlib.util
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
+# peft (0.21) wraps a model by reading transformers' deprecated `is_gradient_checkpointing`;
+# the FutureWarning is theirs to fix and would only confuse a reader of our output.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 REASONING_EFFORTS = ("low", "medium", "high")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"

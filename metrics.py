@@ -576,4 +576,9 @@ def discovery_moments(rows, tau=0.5):
 
 if __name__ == "__main__":
     from metrics_io import main  # the command line lives beside the reader of prediction files
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `python metrics.py ... | head`: the reader left; exit quietly
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

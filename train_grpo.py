@@ -215,7 +215,8 @@ def save_checkpoint(accelerator, model, optimizer, step, out, args):
     if accelerator.is_main_process:
         final, tmp = out / f"checkpoint-{step:06d}", out / f".tmp-checkpoint-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp)
+        # embeddings are never trained; saying so also spares peft a Hub lookup of the base model
+        accelerator.unwrap_model(model).save_pretrained(tmp, save_embedding_layers=False)
         torch.save({"optimizer": optimizer.state_dict(), "step": step, "args": vars(args)},
                    tmp / "trainer_state.pt")
         shutil.rmtree(final, ignore_errors=True)
@@ -419,7 +420,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     # it: a long evaluation must not hit the other processes' collective timeout)
     summary = None
     if acc.is_main_process:
-        acc.unwrap_model(wrapped).save_pretrained(out / "adapter")
+        acc.unwrap_model(wrapped).save_pretrained(out / "adapter", save_embedding_layers=False)
         if eval_rows:
             seed_everything(args.seed, args.steps, 0)  # the same forecasts after a --resume
             summary = evaluate(model, backend, eval_rows, prompt_fn, parse, args, out, max_new, allowed)
