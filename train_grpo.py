@@ -39,9 +39,10 @@ Two answer formats:
 
 Defaults are the paper's: LoRA rank 32, lr 4e-5 (AdamW), G = 8, 8 prompts per step, 20 steps,
 temperature 1.0, 8192 new tokens, no KL, eps 0.2. Unlike the original, rows are shuffled (seeded).
-The final adapter is OUT/adapter/; checkpoints (OUT/checkpoint-NNNNNN/) hold it in peft format (forecaster.py's
-TransformersBackend(adapter=...) loads it; for vLLM's --lora-modules, whose LoRA support may not
-cover GPT-OSS's MoE experts, train with --no-expert-lora), the optimiser state and the step.
+The final adapter is OUT/adapter/; checkpoints (OUT/checkpoint-NNNNNN/) hold it in peft format
+(forecaster.py's TransformersBackend(adapter=...) loads it; for vLLM's --lora-modules, whose LoRA
+support may not cover GPT-OSS's MoE experts, train with --no-expert-lora), the optimiser state and
+the step.
 Instead of saving each process's RNG state, every step reseeds python, numpy and torch from
 (seed, step, process), and the rows of a step are a function of (seed, step): so the step *is* the
 RNG state and the data position, and --resume reproduces an uninterrupted run bit for bit on CPU.
