@@ -149,8 +149,8 @@ def _unwrap(obj):
         args = obj["arguments"]
         if isinstance(args, str):
             try:
-                args = json.loads(args)
-            except ValueError:
+                args = _DECODER.decode(args)
+            except _BAD_JSON:
                 return obj
         return args
     return obj
@@ -176,25 +176,38 @@ def _harmony_messages(text):
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.S)
 
 
+def _float_sized_int(s):
+    """JSON integers must fit a float (a probability or a bin never needs more): a longer one
+    raises OverflowError, which makes its call incomplete rather than the whole answer unparseable."""
+    v = int(s)
+    float(v)
+    return v
+
+
+_DECODER = json.JSONDecoder(parse_int=_float_sized_int)
+# What decoding a model's JSON can raise: malformed text, nesting deeper than the recursion limit,
+# an integer too large for a float.
+_BAD_JSON = (ValueError, RecursionError, OverflowError)
+
+
 def _json_candidates(text):
     """JSON objects in text: the fenced blocks if any parse, else every bare {...} object."""
     found = []
     for block in _FENCE.findall(text):
         try:
-            found.append(json.loads(block))
-        except ValueError:
+            found.append(_DECODER.decode(block))
+        except _BAD_JSON:
             pass
     if found:
         return found
-    decoder = json.JSONDecoder()
     pos, tries = text.find("{"), 0
     while pos != -1 and tries < 500:
         tries += 1
         try:
-            obj, end = decoder.raw_decode(text, pos)
+            obj, end = _DECODER.raw_decode(text, pos)
             found.append(obj)
             pos = text.find("{", end)
-        except ValueError:
+        except _BAD_JSON:
             pos = text.find("{", pos + 1)
     return found
 
@@ -214,9 +227,11 @@ def _parse(text):
         last_error = None
         for _, _, body, _ in reversed(calls):  # the last complete call wins
             try:  # complete = its arguments open with a whole JSON value (trailing text is ignored)
-                return forecast_from_args(_unwrap(json.JSONDecoder().raw_decode(body.strip())[0]))
-            except ValueError as e:
-                last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {e}"
+                args = _unwrap(_DECODER.raw_decode(body.strip())[0])
+            except _BAD_JSON as e:
+                last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {type(e).__name__}: {e}"[:300]
+                continue
+            return forecast_from_args(args)
         return failure(last_error)
     finals = [m[2] for m in msgs if m[0] == "final"]
     if finals:

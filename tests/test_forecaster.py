@@ -162,6 +162,18 @@ def test_parse_several_calls_takes_last_complete_one():
     assert F.parse_answer(trailing).predicted_bin == 8
 
 
+@pytest.mark.parametrize("later", ["[" * 100_000 + "]" * 100_000,          # deeper than the recursion limit
+                                   '{"predicted_bin": 1' + "0" * 400 + "}",  # an integer no float can hold
+                                   '{"predicted_bin": 8, "p_severe_slowdown": ' + "9" * 5000 + "}"])
+def test_a_later_broken_call_does_not_hide_an_earlier_complete_one(later):
+    first = args(probs=(1, 0, 0, 0, 0, 0, 0, 0), stated=1)
+    f = F.parse_answer(call(first) + call(later, analysis=None))
+    assert not f.parse_failed, f.parse_error
+    assert f.predicted_bin == 1
+    alone = F.parse_answer(call(later))
+    assert alone.parse_failed and "unparseable" not in alone.parse_error
+
+
 _value = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 10), st.text(max_size=5),
                    st.none(), st.booleans(), st.lists(st.integers(), max_size=2))
 _answer = st.dictionaries(st.sampled_from(["predicted_bin", *F.PROB_FIELDS, "reasoning", "name", "arguments"]),
