@@ -1,71 +1,82 @@
 """measure.py: the ground truth. Time a candidate kernel against the task's PyTorch reference.
 
-Everything in this project (the forecaster's labels, the GRPO rewards, the search's decisions)
-stands on the speedups measured here, S = reference_time / candidate_time, so this module is built
-to be hard to fool (see MEASUREMENT_PITFALLS in the project's reference notes):
+Every number in this project (the forecaster's labels, the GRPO rewards, the search's decisions)
+stands on the speedups measured here, S = reference_time / candidate_time, and a kernel search
+feeds this file code that an LLM wrote and that reinforcement learning rewards for anything that
+gets through. So the harness treats a candidate as hostile, and puts the trust boundary between
+processes, never inside one (docs/MEASUREMENT.md lists each attack, its defence and its test):
 
-1. Isolation. Each candidate runs in its own worker process (forked from a server that has torch
-   preloaded, so a worker starts in a fraction of a second), in its own process group, with a
-   wall-clock timeout, a host-memory cap watched by the parent, a cap on the size of files it may
-   write, and stdout/stderr sent to a file. A segfault, `os._exit`, `sys.exit`, a hang, an illegal
-   memory access or running out of memory becomes a labelled outcome and the harness goes on.
-2. A static screen rejects code that reaches for threads, processes, side streams, frames or the
-   interpreter's internals before anything runs.
-3. Trusted callables (the timer, the reference, the checker) are captured before the candidate is
-   imported, and the identities of the attributes of the modules they live in are verified after
-   every candidate call: monkeypatching anything there rejects the candidate.
-4. Correctness on several seeds and shapes, with uninitialised memory filled with NaN (so an output
-   element the kernel never writes fails the check), the candidate's inputs compared with their
-   pristine copies afterwards (writing into inputs fails), exact output types, and after timing a
-   re-check on inputs drawn from fresh random seeds the candidate has never seen (defeats caching).
-5. Timing. On a GPU: CUDA events, warm-up by time (Triton JIT included, reported separately), an L2
-   flush with a 256 MB buffer before every timed call (outside the timed region), inputs generated
-   and cloned outside the timed region and rotated among several sets, a device-wide synchronise
-   before the end event (work on side streams cannot escape), reference and candidate timed
-   interleaved, the median reported with its spread (IQR / median), and results faster than the
-   memory floor or more than 10x faster flagged as suspicious. On CPU (no GPU): the same checks, with
-   Triton in interpreter mode and wall-clock times that are labelled as such: they say nothing about
-   GPU speed.
+  parent (this file)       draws the seeds, picks which calls to verify, reads the clock that
+                           bounds every timing, decides the status, writes the cache. It never
+                           imports, unpickles or runs candidate code.
+  reference worker         trusted, never loads a candidate: makes the inputs of a seed, runs and
+                           times the reference, and checks the candidate's output bytes against
+                           its own outputs for the same inputs (measure_worker.py).
+  candidate worker         untrusted, in a bubblewrap sandbox (measure_sandbox.py): loads the
+                           candidate, makes the same inputs, runs and times it, hands bytes over.
 
-speedup = geometric mean over the timed cases of reference_ms / candidate_ms (the paper's reward).
+The measurement, one candidate:
+1. Load. A fresh sandboxed worker imports the candidate. Only then does the parent draw seeds, so
+   nothing computed at import can know an input.
+2. Correctness. Two seeds of every timed case and one of every extra check case, each run on both
+   sides; the candidate's outputs must be plain contiguous tensors of the reference's dtype, shape
+   and device, its inputs unchanged, its values within the task's tolerance of the reference's.
+3. Timing, case by case, in blocks of n calls on fresh seeds, reference and candidate blocks
+   interleaved. After a block's calls return, the parent picks one call and two random keys; the
+   worker answers with an integer fingerprint of that call's outputs (and inputs), which stops the
+   parent's clock, then hands the bytes over; the reference worker checks them and their
+   fingerprint. So timed calls are verified too, with no global state that differs between a
+   checked call and a timed one, and work cannot be deferred past the clock.
+4. The clock. Inside a worker, times come from CUDA events (GPU; L2 flushed before every call,
+   end event right after the call) or the wall clock (CPU). The parent's monotonic clock around
+   each whole block, less the harness's own share of a block (measured on the trusted reference
+   side), is the authority: a candidate cannot appear faster than it allows.
+5. Plausibility. On a GPU, a time below the task's unavoidable memory traffic (`min_bytes`) at the
+   device's bandwidth is impossible and rejected; a speedup above CONFIRM_SPEEDUP is measured
+   again in a fresh worker before it is reported.
 
-This file is the trusted parent (screen, cache, spawn, watch, label, command line);
-measure_worker.py is the half that runs inside the worker, next to the candidate.
+speedup = geometric mean over the timed cases of median(reference_ms) / median(candidate_ms)
+(the paper's reward). On CPU, Triton runs in its interpreter and the times are wall clock: they
+exercise the machinery and say nothing about GPU speed.
 
 Usage:
     python measure.py --task cross_entropy --candidate tasks/kernels/cross_entropy/fused_online.py --json
 """
 import argparse
+import atexit
 import dataclasses
 import hashlib
 import json
-import multiprocessing
+import math
 import os
 import re
 import secrets
-import signal
+import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from measure_worker import PEAK_BANDWIDTH, SUSPICIOUS_SPEEDUP, case_str, worker_main  # noqa: F401
+from measure_sandbox import SandboxUnavailable, WorkerFailed, WorkerProcess, require_sandbox
+from measure_worker import case_str
 
-HARNESS_VERSION = "1.0"
+HARNESS_VERSION = "2.0"
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "measurements"
-
-
-# Static screen: each pattern is something a kernel never needs and a hack often does.
-BANNED = [
-    (r"\bthreading\b|\b_thread\b|concurrent\.futures", "threads (work could escape the timed region)"),
-    (r"\bmultiprocessing\b|\bsubprocess\b|os\.fork|os\.spawn|os\.system|os\.exec|os\.popen", "processes"),
-    (r"torch\.cuda\.Stream|torch\.cuda\.stream\s*\(|\.Stream\s*\(|torch\.cuda\.set_stream", "side streams"),
-    (r"_getframe|currentframe|\bf_back\b|\bf_locals\b|\bf_globals\b|gc\.get_referrers|gc\.get_objects", "frame or heap inspection"),
-    (r"\bctypes\b|\bcffi\b|/dev/shm|\bsys\.modules\b|\bbuiltins\b|__builtins__", "interpreter internals"),
-    (r"\bsignal\.|\bsys\.settrace|\bsys\.setprofile|\batexit\b", "signal/trace hooks"),
-    (r"torch\.cuda\.Event|elapsed_time|perf_counter|\bsynchronize\s*=", "the timer"),
-]
+# Peak DRAM bandwidth (bytes/s) of GPUs we know; the physical bound uses the larger of this and
+# the copy bandwidth the reference worker measured.
+PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12, "L40S": 0.864e12}
+CONFIRM_SPEEDUP = 10.0        # above this, a second, fresh measurement must agree
+# The smallest excess of a candidate block over its paired reference block (in ms) that the
+# parent's clock acts on: below it lies the noise of pipes and scheduling.
+CLOCK_FLOOR_MS = {"cuda": 0.05, "cpu": 0.3}
+BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}   # inputs + outputs one block may hold
+BLOCK_CALLS = {"cuda": 10, "cpu": 2}
+REPS = {  # (seconds per case and side, min calls, max calls), normal and --quick
+    ("cuda", False): (2.0, 10, 100), ("cuda", True): (0.5, 6, 20),
+    ("cpu", False): (1.0, 3, 15), ("cpu", True): (0.3, 2, 6),  # CPU: process CPU time
+}
 
 
 @dataclasses.dataclass
@@ -79,8 +90,11 @@ class Measurement:
     timer: str = ""
     scale: str = ""
     flags: list = dataclasses.field(default_factory=list)
-    compile_s: float | None = None
+    import_s: float | None = None     # importing the candidate
+    check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
+    time_s: float | None = None       # the timed blocks, both sides, verification included
     wall_s: float | None = None
+    sandbox: str = ""
     source_sha256: str = ""
     harness_version: str = HARNESS_VERSION
     cached: bool = False
@@ -89,108 +103,119 @@ class Measurement:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------
-# Parent side: screen, cache, spawn the worker, watch it, label its fate.
-# ---------------------------------------------------------------------------------------------
+class HarnessError(RuntimeError):
+    """The trusted side failed (the reference worker died, ran out of memory, ...): never the
+    candidate's fault, never cached."""
+
+
+class _Outcome(Exception):
+    """The candidate's fate, decided by the parent."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# Static screen: a courtesy, not a defence (string building or importlib walks past any regex).
+# It turns away early, with a clear reason the mutator LLM can read, what a kernel never needs.
+BANNED = [
+    (r"\bthreading\b|\b_thread\b|concurrent\.futures", "threads (work could escape the timed region)"),
+    (r"\bmultiprocessing\b|\bsubprocess\b|os\.fork|os\.spawn|os\.system|os\.exec|os\.popen", "processes"),
+    (r"torch\.cuda\.Stream|torch\.cuda\.stream\s*\(|\.Stream\s*\(|torch\.cuda\.set_stream", "side streams"),
+    (r"_getframe|currentframe|\bf_back\b|\bf_locals\b|\bf_globals\b|gc\.get_referrers|gc\.get_objects", "frame or heap inspection"),
+    (r"\bctypes\b|\bcffi\b|/dev/shm|\bsys\.modules\b|\bbuiltins\b|__builtins__", "interpreter internals"),
+    (r"\bsignal\.|\bsys\.settrace|\bsys\.setprofile|\batexit\b", "signal/trace hooks"),
+    (r"torch\.cuda\.Event|elapsed_time|perf_counter|\bsynchronize\s*=", "the timer"),
+]
+
 
 def screen_source(source):
-    """Return a reason to reject the source, or None. The candidate contract is a module with
-    `custom_kernel(data)`; anything in BANNED is refused before it runs."""
+    """A reason to turn the source away before it runs, or None."""
     for pattern, what in BANNED:
         m = re.search(pattern, source)
         if m:
             return f"uses {what}: {m.group(0)!r} is not allowed in a candidate"
-    if not re.search(r"^\s*def\s+custom_kernel\s*\(|^\s*custom_kernel\s*=", source, re.MULTILINE):
-        return None  # reported as a compile_error by the worker, with the import's own message
     return None
 
 
-def _device_name(device):
-    if device == "cpu":
-        import platform
-        return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    import torch
-    return torch.cuda.get_device_name(0)
+# ---------------------------------------------------------------------------------------------
+# Workers: one trusted reference worker per (task, device), kept; a fresh sandbox per candidate,
+# the next one started as soon as a measurement ends so that it is ready when the next begins.
+# ---------------------------------------------------------------------------------------------
+
+_REFERENCE = {}
+_SPARE = {}
+_TMP = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
 
 
-def _cache_key(task, sha, device_name, scale):
-    text = json.dumps([task, sha, device_name, scale, HARNESS_VERSION])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-_FORKSERVER_DEVICE = None
-
-
-def _context(device):
-    """Workers fork from a server that already imported torch (and torch._dynamo, which imports
-    Triton): a worker starts in a fraction of a second instead of ~3 s. Triton decides between
-    compiled and interpreted kernels when its own @jit functions are defined, i.e. at that import,
-    so the server serves one device kind; a call for the other kind gets a plain spawned worker."""
-    global _FORKSERVER_DEVICE
-    if _FORKSERVER_DEVICE is None:
-        _FORKSERVER_DEVICE = device
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch._dynamo"])
-        return ctx
-    if _FORKSERVER_DEVICE == device:
-        return multiprocessing.get_context("forkserver")
-    return multiprocessing.get_context("spawn")
-
-
-class _worker_env:
-    """Environment a new worker (or the fork server) starts with: interpreter mode on CPU only."""
-
-    def __init__(self, device):
-        self.device = device
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "OPENBLAS_NUM_THREADS")}
-        if self.device == "cpu":
-            os.environ["TRITON_INTERPRET"] = "1"
-            # The interpreter's tl.dot runs on numpy's BLAS; one thread keeps it from fighting torch.
-            os.environ["OPENBLAS_NUM_THREADS"] = "1"
-        else:
-            os.environ.pop("TRITON_INTERPRET", None)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _rss_bytes(pid):
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _tail(path, n=1500):
-    try:
-        data = Path(path).read_bytes()[-n:]
-        return data.decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _kill_group(pid):
-    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+def _reference_worker(task, device):
+    key = (task, device)
+    ref = _REFERENCE.get(key)
+    if ref is None or not ref[0].alive():
+        for old in _REFERENCE.values():
+            old[0].kill()
+        _REFERENCE.clear()
+        w = WorkerProcess("reference", task, device, sandboxed=True, memory_bytes=math.inf,
+                          tmp=os.path.join(_TMP, "reference"), readable=[_TMP])
         try:
-            kill()
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
+            ready = w.recv(time.monotonic() + 600, "ready")
+        except WorkerFailed as e:
+            w.kill()
+            raise HarnessError(f"the reference worker did not start: {e.message}; last output: {w.log_tail()}") from None
+        ref = _REFERENCE[key] = (w, ready)
+    return ref
 
+
+def _candidate_worker(task, device, sandboxed, memory_bytes):
+    """A fresh candidate worker (from the spares when one is booted), and spares for the next."""
+    key = (task, device, sandboxed)
+    spares = _SPARE.get(key, [])
+    w = spares.pop(0) if spares else None
+    if w is None or not w.alive():
+        w = _new_candidate_worker(task, device, sandboxed)
+    w.memory_bytes = memory_bytes
+    _top_up_spares(task, device, sandboxed)
+    return w
+
+
+def _new_candidate_worker(task, device, sandboxed):
+    return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
+                         tmp=os.path.join(_TMP, f"candidate-{secrets.token_hex(4)}"))
+
+
+def _top_up_spares(task, device, sandboxed):
+    """Booting a worker (Python, torch, the task) takes seconds; spares boot while the current
+    candidate is measured. Two on CPU, where tests measure back to back; one on a GPU machine."""
+    key = (task, device, sandboxed)
+    for other in [k for k in _SPARE if k != key]:  # spares of one kind at a time
+        for w in _SPARE.pop(other):
+            w.kill()
+    spares = [w for w in _SPARE.get(key, []) if w.alive()]
+    while len(spares) < (2 if device == "cpu" else 1):
+        spares.append(_new_candidate_worker(task, device, sandboxed))
+    _SPARE[key] = spares
+
+
+@atexit.register
+def _shutdown():
+    for w in [r[0] for r in _REFERENCE.values()] + [w for ws in _SPARE.values() for w in ws]:
+        w.kill()
+    shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurement.
+# ---------------------------------------------------------------------------------------------
 
 def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=None,
-            use_cache=True, cache_dir=None, quick=False):
+            use_cache=True, cache_dir=None, quick=False, unsafe_no_sandbox=False):
     """Measure one candidate source against the task's reference. Never raises for a bad kernel:
-    its fate is `Measurement.status`. Raises ValueError for bad usage (unknown task, no GPU).
+    its fate is `Measurement.status`. Raises ValueError for bad usage (unknown task, no GPU, no
+    sandbox: SandboxUnavailable) and HarnessError when the trusted side fails.
 
     device: "cuda" or "cpu" (default: cuda when available). scale: "benchmark" (the paper's shapes,
-    default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed repetitions.
+    default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
+    unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
     """
     import torch
 
@@ -205,87 +230,297 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     scale = scale or ("benchmark" if device == "cuda" else "cpu")
     if scale not in ("benchmark", "cpu"):
         raise ValueError(f"scale must be 'benchmark' or 'cpu', got {scale!r}")
+    if not unsafe_no_sandbox:
+        require_sandbox()
     timeout_s = timeout_s or (600.0 if scale == "benchmark" else 240.0)
     memory_gb = memory_gb or (32.0 if device == "cuda" else 6.0)
     sha = hashlib.sha256(source.encode()).hexdigest()
     device_name = _device_name(device)
-    timer = "cuda-events" if device == "cuda" else "cpu-wallclock (Triton interpreter; not GPU times)"
-    base = dict(task=task_module.NAME, device=device_name, timer=timer, scale=scale, source_sha256=sha)
+    sandbox = "none (--unsafe-no-sandbox)" if unsafe_no_sandbox else "bubblewrap"
+    base = dict(task=task_module.NAME, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
+                timer="cuda-events" if device == "cuda" else "cpu-time (Triton interpreter; not GPU times)")
 
     reason = screen_source(source)
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{_cache_key(task, sha, device_name, scale)}.json"
+    key = hashlib.sha256(json.dumps([task_module.NAME, sha, device_name, scale, sandbox, HARNESS_VERSION]).encode())
+    cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
             return Measurement(**{**json.loads(cache_file.read_text()), "cached": True})
         except (ValueError, TypeError):
-            pass  # an unreadable cache entry is measured again
+            pass  # an unreadable entry is measured again
 
     start = time.perf_counter()
-    result = _run_worker(task_module.NAME, source, device, scale, timeout_s, memory_gb, quick)
+    run = dict(task=task_module, source=source, device=device, scale=scale, timeout_s=timeout_s,
+               memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
+    result = _measure_once(**run)
+    if result["status"] == "ok" and result["speedup"] > CONFIRM_SPEEDUP:
+        again = _measure_once(**run)  # fresh worker, fresh seeds
+        if again["status"] != "ok" or not 0.5 < again["speedup"] / result["speedup"] < 2.0:
+            result = dict(status="rejected", message=(
+                f"a {result['speedup']:.1f}x speedup did not reproduce in a second, fresh measurement "
+                f"({again['status']}" + (f", {again['speedup']:.1f}x)" if again.get("speedup") else ")")))
+        else:
+            if again["speedup"] < result["speedup"]:
+                result = again
+            result["flags"].append(f"a speedup above {CONFIRM_SPEEDUP:g}x: confirmed by a second, fresh measurement")
     m = Measurement(**base, **result)
     m.wall_s = round(time.perf_counter() - start, 3)
     # Timeouts and crashes can depend on machine load and limits: measure those again next time.
     if use_cache and m.status not in ("timeout", "crashed"):
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(m.to_dict()))
         os.replace(tmp, cache_file)
     return m
 
 
-def _run_worker(task, source, device, scale, timeout_s, memory_gb, quick):
-    ctx = _context(device)
-    with tempfile.TemporaryDirectory(prefix="measure-") as tmp:
-        cand_path = Path(tmp) / "candidate_kernel.py"
-        cand_path.write_text(source)  # a real file: @triton.jit reads its function's source
-        log_path = Path(tmp) / "worker.log"
-        job = dict(task=task, candidate_path=str(cand_path), device=device, scale=scale,
-                   log_path=str(log_path), quick=quick, unseen_seed=secrets.randbits(31))
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=worker_main, args=(job, send), daemon=True)
-        with _worker_env(device):
-            proc.start()
-        send.close()
-        deadline = time.monotonic() + timeout_s
-        limit = memory_gb * 2**30
-        result = None
+def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, sandboxed):
+    """One measurement in a fresh candidate worker; a dict of Measurement fields."""
+    for attempt in (0, 1):
+        ref, ready = _reference_worker(task.NAME, device)
+        cand = _candidate_worker(task.NAME, device, sandboxed, memory_bytes)
         try:
-            while True:
-                if recv.poll(0.05):
-                    try:
-                        result = recv.recv()
-                    except (EOFError, OSError):
-                        result = None  # the worker died while (or instead of) answering
-                    break
-                if not proc.is_alive():
-                    if recv.poll(0.2):
-                        continue
-                    break
-                if time.monotonic() > deadline:
-                    _kill_group(proc.pid)
-                    proc.join(5)
-                    return dict(status="timeout", message=f"no result within {timeout_s:.0f} s (killed)")
-                if _rss_bytes(proc.pid) > limit:
-                    _kill_group(proc.pid)
-                    proc.join(5)
-                    return dict(status="crashed", message=f"out of memory: host memory above {memory_gb:g} GB (killed)")
+            return _Session(task, ref, ready, cand, device, scale, timeout_s, quick).run(source)
+        except HarnessError:
+            ref.kill()  # restart the trusted side once: a transient failure must not stop a search
+            if attempt:
+                raise
         finally:
-            recv.close()
-        proc.join(10)
-        if proc.is_alive() or proc.exitcode is None:
-            _kill_group(proc.pid)
-            proc.join(5)
+            cand.kill()
+
+
+class _Session:
+    """The protocol of one candidate measurement (see the module docstring)."""
+
+    def __init__(self, task, ref, ready, cand, device, scale, timeout_s, quick):
+        self.task, self.ref, self.cand, self.device, self.quick = task, ref, cand, device, quick
+        self.timed_cases = task.BENCHMARK_CASES if scale == "benchmark" else task.CPU_CASES
+        self.check_cases = task.CHECK_CASES if scale == "benchmark" else task.CPU_CHECK_CASES
+        self.deadline = time.monotonic() + timeout_s
+        self.bandwidth = ready.get("copy_bandwidth")
+        self.block_id, self.bytes_per_call, self.wall_s = 0, {}, 0.0
+        self.files = tempfile.mkdtemp(dir=_TMP, prefix="handover-")
+
+    def run(self, source):
+        t0 = time.perf_counter()
+        try:
+            self.cand.recv(self.deadline, "ready")
+            self.cand.send({"op": "load", "source": source})
+            import_s = self.cand.recv(self.deadline, "loaded")["import_s"]
+            t1 = time.perf_counter()
+            # Seeds are drawn now, after the candidate was loaded.
+            for case in self.timed_cases:
+                for _ in range(2):
+                    self.pair(case, 1, cand_first=secrets.randbits(1))
+            for case in self.check_cases:
+                self.pair(case, 1, cand_first=secrets.randbits(1))
+            t2 = time.perf_counter()
+            rows = [self.time_case(case) for case in self.timed_cases]
+        except WorkerFailed as e:
+            return dict(status=e.status, message=e.message)
+        except _Outcome as o:
+            return dict(status=o.status, message=o.message[:2000])
+        finally:
+            shutil.rmtree(self.files, ignore_errors=True)
+        speedup = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
+        return dict(status="ok", speedup=speedup, cases=rows, flags=[f for r in rows for f in r["flags"]],
+                    message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
+                    import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
+                    time_s=round(time.perf_counter() - t2, 3))
+
+    # -- one pair of blocks: the same seeds on both sides, one call verified ---------------------
+
+    def pair(self, case, n, cand_first):
+        """Run n calls on fresh seeds on both sides; verify one call of the candidate's, picked
+        after its calls ran. Returns (ref_ms, ref_window_ms, cand_ms, cand_window_ms)."""
+        self.block_id += 1
+        seeds = [secrets.randbits(31) for _ in range(n)]
+        pick = dict(index=secrets.randbelow(n), a=secrets.randbits(40) | 1, b=secrets.randbits(40))
+        sides = ("cand", "ref") if cand_first else ("ref", "cand")
+        res = {side: self.block(side, case, seeds, pick) for side in sides}
+        ref_ms, ref_win, ref_commit = res["ref"]
+        cand_ms, cand_win, commit = res["cand"]
+        self.bytes_per_call[case_str(case)] = ref_commit["bytes_per_call"]
+        self.verify(case, pick, ref_commit["spec"], commit)
+        return ref_ms, ref_win, cand_ms, cand_win
+
+    def block(self, side, case, seeds, pick):
+        """Block + commit, timed by the parent's clock from the command to the commitment."""
+        w = self.ref if side == "ref" else self.cand
+        deadline = self.deadline if side == "cand" else time.monotonic() + 600
+        cmd = {"id": self.block_id}
+        try:
+            t0, c0 = time.monotonic(), (w.cpu_ms() if self.device == "cpu" else 0.0)
+            w.send({**cmd, "op": "block", "case": case, "seeds": seeds})
+            ran = w.recv(deadline, "ran")
+            w.send({**cmd, "op": "commit", **pick})
+            commit = w.recv(deadline, "committed")
+            # The parent's clock: wall time on a GPU; on CPU the kernel's account of the CPU time
+            # the worker's whole process tree used (the workers' timers measure CPU time there).
+            window_ms = (time.monotonic() - t0) * 1e3 if self.device == "cuda" else w.cpu_ms() - c0
+            self.wall_s += time.monotonic() - t0
+        except WorkerFailed as e:
+            if side == "ref":
+                raise HarnessError(f"the reference worker failed on {case_str(case)}: {e.message}") from None
+            raise
+        ms = ran.get("ms")
+        if side == "cand" and (ran.get("id") != self.block_id or commit.get("id") != self.block_id
+                               or not isinstance(ms, list) or len(ms) != len(seeds)
+                               or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in ms)):
+            raise _Outcome("rejected", "the worker broke the measurement protocol (ids or times)")
+        commit["bytes_per_call"] = ran.get("bytes_per_call", 0)
+        return [float(t) for t in ms], window_ms, commit
+
+    def verify(self, case, pick, ref_spec, commit):
+        """The candidate's picked outputs against the reference's: spec, then bytes (checked by
+        the reference worker, with the fingerprint the candidate committed to)."""
+        where = case_str(case)
+        if commit.get("bad_spec") is not None:
+            raise _Outcome("incorrect", f"{where}: a call returned {_describe(commit['bad_spec'])}")
+        spec = commit.get("spec")
+        if not isinstance(spec, list) or len(spec) != len(ref_spec):
+            raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
+        for i, (got, exp) in enumerate(zip(spec, ref_spec)):
+            for field in ("dtype", "shape", "device"):
+                if not isinstance(got, dict) or got.get(field) != exp[field]:
+                    value = got.get(field) if isinstance(got, dict) else got
+                    raise _Outcome("incorrect", f"{where}: output[{i}] {field} {value}, expected {exp[field]}")
+        out_digest, in_digest = commit.get("out_digest"), commit.get("in_digest")
+        if not (isinstance(out_digest, list) and isinstance(in_digest, list)):
+            raise _Outcome("rejected", "the worker broke the measurement protocol (no fingerprint)")
+        n = sum(_nbytes(s) for s in ref_spec)
+        self.cand.send({"id": self.block_id, "op": "handover", "index": pick["index"]})
+        header = self.cand.recv(self.deadline, "bytes")
+        if header.get("n") != n:
+            raise _Outcome("incorrect", f"{where}: handed over {header.get('n')} bytes of output; the reference's take {n}")
+        path = os.path.join(self.files, f"out-{self.block_id}.bin")
+        with open(path, "wb") as f:
+            f.write(self.cand.recv_bytes(n, self.deadline))
+        try:
+            self.ref.send({"id": self.block_id, "op": "check", "path": path, "out_digest": out_digest,
+                              "in_digest": in_digest, **pick})
+            verdict = self.ref.recv(time.monotonic() + 600, "checked")
+        except WorkerFailed as e:
+            raise HarnessError(f"the reference worker failed checking {where}: {e.message}") from None
+        finally:
+            os.unlink(path)
+        if not verdict["ok"]:
+            raise _Outcome("rejected" if verdict.get("forged") else "incorrect", verdict["message"])
+
+    # -- timing one case ----------------------------------------------------------------------------
+
+    def time_case(self, case):
+        budget, min_calls, max_calls = REPS[(self.device, self.quick)]
+        per_call = max(1, self.bytes_per_call.get(case_str(case), 1))
+        block_calls = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call))
+        if self.device == "cuda":  # warm up by time (clocks, caches); on CPU the checks warmed up
+            warm_until = time.monotonic() + 0.025
+            while True:
+                self.pair(case, block_calls, cand_first=secrets.randbits(1))
+                if time.monotonic() >= warm_until:
+                    break
+        ref_t, cand_t, ref_over, cand_over = [], [], [], []
+        start = self.wall_s
+        while len(cand_t) < max_calls and (len(cand_t) < min_calls or self.wall_s - start < budget / 2):
+            spent = self.wall_s - start
+            n = min(block_calls, max_calls - len(cand_t), max(1, min_calls - len(cand_t)) if spent >= budget / 2 else block_calls)
+            ref_ms, r_win, cand_ms, c_win = self.pair(case, n, cand_first=len(ref_over) % 2)
+            ref_t += ref_ms
+            cand_t += cand_ms
+            ref_over.append(r_win - sum(ref_ms))
+            cand_over.append(c_win - sum(cand_ms))
+        # The parent's clock. A block costs the harness (inputs, L2 flushes, fingerprint, pipes)
+        # the same on both sides; what a candidate block costs beyond its paired reference block
+        # is work the candidate's own timer did not see (another stream, a thread, a forged
+        # clock). When that excess stands out of the clock's noise (three standard errors, and
+        # at least CLOCK_FLOOR_MS a block), it is added to the candidate's calls. Random delays
+        # do not help a forger: they raise the mean excess along with its noise.
+        excess = [c - r for c, r in zip(cand_over, ref_over)]
+        mean = sum(excess) / len(excess)
+        se = statistics.stdev(excess) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0
+        flags = []
+        if mean > max(CLOCK_FLOOR_MS[self.device], 3 * se):
+            per_call = mean * len(excess) / len(cand_t)
+            cand_t = [t + per_call for t in cand_t]
+            flags.append(f"{case_str(case)}: the worker's timer missed {per_call:.3f} ms per call that the "
+                         "parent's clock saw; added to the candidate's time")
+        row = dict(case=case, reference_ms=_median(ref_t), candidate_ms=_median(cand_t),
+                   reference_spread=_spread(ref_t), candidate_spread=_spread(cand_t), reps=len(cand_t),
+                   block_calls=block_calls, clock_excess_ms=round(mean, 4), flags=flags)
+        if row["candidate_ms"] <= 0:
+            raise _Outcome("rejected", f"{case_str(case)}: a timed call took no measurable time")
+        row["speedup"] = row["reference_ms"] / row["candidate_ms"]
+        self.physical_bound(case, row)
+        return row
+
+    def physical_bound(self, case, row):
+        """On a GPU: no kernel moves the task's unavoidable bytes faster than the memory allows."""
+        if self.device != "cuda":
+            return
+        import torch
+        floor_ms = physical_floor_ms(self.task.min_bytes(case), torch.cuda.get_device_name(0), self.bandwidth)
+        if floor_ms is not None:
+            row["floor_ms"] = floor_ms
+            if row["candidate_ms"] < floor_ms:
+                raise _Outcome("rejected", f"{case_str(case)}: {row['candidate_ms']:.4f} ms is below the physical "
+                                           f"floor {floor_ms:.4f} ms of this GPU ({self.task.min_bytes(case) / 1e9:.2f} GB "
+                                           "of unavoidable memory traffic): impossible")
+
+
+def physical_floor_ms(min_bytes, device_name, measured_bandwidth):
+    """The least time in which a GPU can move `min_bytes`: at the larger of its datasheet peak
+    (when known) and the copy bandwidth measured on it. None when neither is known."""
+    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in device_name), 0.0)
+    bandwidth = max(peak, measured_bandwidth or 0.0)
+    return min_bytes / bandwidth * 1e3 if bandwidth > 0 else None
+
+
+def _describe(spec):
+    if not isinstance(spec, list):
+        return repr(spec)[:80]
+    parts = []
+    for s in spec:
+        if not isinstance(s, dict):
+            parts.append(repr(s)[:40])
+        elif not s.get("plain"):
+            parts.append(f"{s.get('type')}, not a plain torch.Tensor")
+        elif not s.get("contiguous"):
+            parts.append(f"a non-contiguous tensor (shape {s.get('shape')})")
         else:
-            _kill_group(proc.pid)  # anything the candidate left behind in its process group
-        if result is not None:
-            return result
-        code = proc.exitcode
-        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exited with code {code}"
-        tail = _tail(log_path).splitlines()[-1:] or [""]
-        return dict(status="crashed", message=f"worker {how} before reporting; last output: {tail[0][:300]}")
+            parts.append(f"{s.get('dtype')} {s.get('shape')}")
+    return "; ".join(parts) or "nothing"
+
+
+def _nbytes(spec):
+    import torch
+    dtype = getattr(torch, spec["dtype"].removeprefix("torch."))
+    return math.prod(spec["shape"]) * torch.empty((), dtype=dtype).element_size()
+
+
+def _device_name(device):
+    if device == "cpu":
+        import platform
+        return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    import torch
+    return torch.cuda.get_device_name(0)
+
+
+def _median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return (s[n // 2] + s[(n - 1) // 2]) / 2
+
+
+def _spread(xs):
+    """Interquartile range relative to the median: 0.02 means the middle half is within 2%."""
+    s = sorted(xs)
+    n = len(s)
+    q1, q3 = s[int(0.25 * (n - 1))], s[int(math.ceil(0.75 * (n - 1)))]
+    med = _median(s)
+    return (q3 - q1) / med if med > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +529,7 @@ def _run_worker(task, source, device, scale, timeout_s, memory_gb, quick):
 
 def format_table(m):
     lines = [f"task {m.task}: {m.status}" + (f", speedup {m.speedup:.3f}x (geomean)" if m.speedup else ""),
-             f"device {m.device}; timer {m.timer}; scale {m.scale}" + (" (cached)" if m.cached else "")]
+             f"device {m.device}; timer {m.timer}; scale {m.scale}; sandbox {m.sandbox}" + (" (cached)" if m.cached else "")]
     if m.status != "ok":
         lines.append(f"reason: {m.message}")
     if m.cases:
@@ -302,10 +537,27 @@ def format_table(m):
         for r in m.cases:
             lines.append(f"{case_str(r['case']):<40} {r['reference_ms']:>13.4f} {r['candidate_ms']:>13.4f} "
                          f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x")
+        lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s")
     lines += [f"flag: {f}" for f in m.flags]
     if m.timer.startswith("cpu"):
         lines.append("note: CPU wall-clock times of interpreted kernels; they say nothing about GPU speed.")
     return "\n".join(lines)
+
+
+def read_candidate(path):
+    """The candidate's source, or a ValueError that says what is wrong with the file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read candidate {path}: {e.strerror}; pass a Python file defining custom_kernel(data)") from None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"candidate {path} is not UTF-8 text; pass a Python file defining custom_kernel(data)") from None
+    if "\x00" in source:
+        raise ValueError(f"candidate {path} holds NUL bytes (a binary file?); pass a Python file defining custom_kernel(data)")
+    return source
 
 
 def main(argv=None):
@@ -317,26 +569,24 @@ def main(argv=None):
                         help="shapes to use: the paper's benchmark shapes (GPU default) or small CPU shapes (CPU default)")
     parser.add_argument("--timeout", type=float, help="wall-clock limit for the candidate's worker in seconds "
                         "(default 600 at benchmark scale, 240 at CPU scale)")
-    parser.add_argument("--memory-gb", type=float, help="host memory cap of the worker (default 32 on GPU, 6 on CPU)")
-    parser.add_argument("--quick", action="store_true", help="fewer timed repetitions (a faster, noisier figure)")
+    parser.add_argument("--memory-gb", type=float, help="host memory cap of the candidate's process tree (default 32 on GPU, 6 on CPU)")
+    parser.add_argument("--quick", action="store_true", help="fewer timed calls (a faster, noisier figure)")
     parser.add_argument("--no-cache", action="store_true", help="measure even if this exact candidate was measured before")
     parser.add_argument("--cache-dir", help=f"result cache folder (default {DEFAULT_CACHE_DIR})")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="run the candidate without bubblewrap: it can then read and write what you can, "
+                             "leave processes behind and forge later measurements; only for code you trust")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-
-    path = Path(args.candidate)
     try:
-        source = path.read_text()
-    except OSError as e:
-        print(f"error: cannot read candidate {path}: {e.strerror}; pass a Python file defining custom_kernel(data)", file=sys.stderr)
-        return 2
-    try:
+        source = read_candidate(args.candidate)
         m = measure(args.task, source, device=args.device, scale=args.scale, timeout_s=args.timeout,
-                    memory_gb=args.memory_gb, use_cache=not args.no_cache, cache_dir=args.cache_dir, quick=args.quick)
-    except ValueError as e:
+                    memory_gb=args.memory_gb, use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                    quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
+    except (ValueError, HarnessError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(m.to_dict(), indent=None) if args.json else format_table(m))
+        return 2 if isinstance(e, ValueError) else 3
+    print(json.dumps(m.to_dict()) if args.json else format_table(m))
     return 0
 
 

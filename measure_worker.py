@@ -1,323 +1,325 @@
-"""measure_worker.py: the half of measure.py that runs inside the isolated worker process.
+"""measure_worker.py: the program on each side of measure.py's trust boundary.
 
-measure.py (the trusted parent) screens a candidate, forks a worker, watches it and labels its
-fate. Everything here runs in that worker, next to the candidate's code: the fingerprint of the
-trusted symbols, the correctness checks (NaN-filled fresh memory, pristine inputs, unseen seeds),
-and the two timers (CUDA events with an L2 flush and rotated inputs; CPU wall clock). The worker
-sends one dict back: status, message, and on success the per-case times and the geomean speedup.
+measure.py (the trusted parent) starts this file twice per task, in two roles:
+
+  reference  trusted. Never loads candidate code. Generates a case's inputs from a seed, runs and
+             times the task's PyTorch reference, keeps its outputs, and gives the verdict on the
+             output bytes a candidate handed over (the task's own check, run here).
+  candidate  untrusted, inside the sandbox (bubblewrap). Loads the candidate once, generates the
+             same inputs from the same seeds, runs and times `custom_kernel`, commits to the
+             outputs of one call the parent picks after the calls ran, and hands those bytes over.
+
+Both roles run the very same block of calls (`run_block`), so whatever the harness itself costs
+inside a block (making inputs, the L2 flush, the commitment) costs both sides alike, and the parent
+can subtract it. Nothing the candidate worker says is believed: its timer is bounded by the
+parent's clock, its bytes are compared with the reference's by the reference worker, and its
+commitment (an integer fingerprint of the bytes, keyed by numbers it learns only after its calls
+returned) proves that the bytes existed before the parent's clock stopped, so work cannot be
+deferred to after the timed window.
+
+Protocol: one JSON object per line. Commands arrive on stdin; replies leave on a private copy of
+the original stdout; the candidate's own prints go to stderr (the parent keeps a bounded tail).
+Raw output bytes follow a {"op": "bytes", "n": N} line on the same channel.
 """
+import json
 import math
 import os
 import sys
 import time
+import traceback
 
-# Peak DRAM bandwidth (bytes/s) of GPUs we know, for the physical floor of each case.
-PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12, "L40S": 0.864e12}
-SUSPICIOUS_SPEEDUP = 10.0
-
-
-class _Verdict(Exception):
-    """A candidate's fate, raised from deep in the worker and reported as the result."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def worker_main(job, conn):
-    os.setsid()  # own process group: the parent can kill everything the candidate starts
-    fd = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    import resource
-    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 2**20, 256 * 2**20))  # huge stdout, disk fills
-    if job["device"] == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # must precede every @triton.jit decoration
-        import torch
-        torch.set_num_threads(1)  # steadier wall-clock times on a shared machine
-    try:
-        result = _measure_in_worker(job)
-    except _Verdict as v:
-        result = dict(status=v.status, message=v.message[:2000])
-    except SystemExit as e:
-        result = dict(status="crashed", message=f"candidate called sys.exit({e.code})")
-    except BaseException as e:  # noqa: BLE001 - the harness itself must report, not die
-        result = dict(status="runtime_error", message=f"{type(e).__name__}: {e}"[:2000])
-    sys.stdout.flush()
-    conn.send(result)
-    conn.close()
-    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or threads must not run
-
-
-def _snapshot(objects):
-    """Identity of every attribute of the trusted modules and classes (classes with their bases,
-    so an override added to a subclass shows up as a new key)."""
-    snap = {}
-    for obj in objects:
-        for owner in (obj.__mro__ if isinstance(obj, type) else (obj,)):
-            for name, value in list(vars(owner).items()):
-                snap[(id(owner), isinstance(obj, type), name)] = id(value)
-    return snap
-
-
-def _tampered(before, after):
-    """Names whose binding changed; for classes also names that appeared (modules may grow lazily)."""
-    changed = {key[2] for key, value in before.items() if after.get(key) != value}
-    changed |= {key[2] for key in after if key[1] and key not in before}
-    return sorted(changed)
-
-
-def _measure_in_worker(job):
-    import importlib.util
-
-    import torch
-    import torch.utils.deterministic
-
-    import tasks._check
-    from tasks import get_task
-
-    task = get_task(job["task"])
-    device, scale, quick = job["device"], job["scale"], job["quick"]
-    torch.backends.cuda.matmul.allow_tf32 = False  # pin precision for both sides (pitfall 8)
-    torch.backends.cudnn.allow_tf32 = False
-
-    # Capture the trusted callables before any candidate code runs, and fingerprint their homes.
-    perf_counter = time.perf_counter
-    reference, check = task.reference, task.check
-    trusted = [time, torch, torch.Tensor, torch.cuda, torch.utils.deterministic, task, tasks._check,
-               sys.modules[__name__]]
-    if device == "cuda":
-        trusted.append(torch.cuda.Event)
-        elapsed_time, cuda_sync = torch.cuda.Event.elapsed_time, torch.cuda.synchronize
-    # Some of torch's bindings replace themselves on first use; use them once before fingerprinting.
-    import torch._dynamo  # noqa: F401  (rebinds torch.manual_seed on import)
-    import triton  # noqa: F401
-    warm_case = (task.CPU_CASES if scale == "cpu" else task.BENCHMARK_CASES)[0]
-    reference(task.generate_input(warm_case, 0, device=device))
-    torch.manual_seed(0)
-    fingerprint = _snapshot(trusted)
-
-    def verify_untouched():
-        changed = _tampered(fingerprint, _snapshot(trusted))
-        if changed:
-            raise _Verdict("rejected", f"candidate modified trusted symbols: {', '.join(changed[:5])}")
-
-    # Import the candidate (compile errors are its own status; Triton compiles lazily at first call).
-    t0 = perf_counter()
-    try:
-        spec = importlib.util.spec_from_file_location("candidate_kernel", job["candidate_path"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        kernel = module.custom_kernel
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001
-        raise _Verdict("compile_error", f"{type(e).__name__}: {e}")
-    if not callable(kernel):
-        raise _Verdict("compile_error", "custom_kernel is not callable")
-    verify_untouched()
-    import_s = perf_counter() - t0
-
-    timed_cases = task.BENCHMARK_CASES if scale == "benchmark" else task.CPU_CASES
-    check_cases = task.CHECK_CASES if scale == "benchmark" else task.CPU_CHECK_CASES
-
-    def run_checked(case, seed, what):
-        """One correctness call: NaN-filled fresh memory, pristine inputs compared afterwards."""
-        data = task.generate_input(case, seed, device=device)
-        expected = reference(_clone(data))  # computed first and kept alive (pitfall 6)
-        pristine = _clone(data)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = True  # unwritten outputs read as NaN
-        try:
-            out = kernel(data)
-            if device == "cuda":
-                torch.cuda.synchronize()
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001
-            raise _Verdict("runtime_error", f"{what} {case_str(case)}: {type(e).__name__}: {e}")
-        finally:
-            torch.use_deterministic_algorithms(False)
-        verify_untouched()
-        if not _same(data, pristine):
-            raise _Verdict("incorrect", f"{what} {case_str(case)}: candidate modified its input tensors")
-        ok, msg = check(out, expected)
-        verify_untouched()
-        if not ok:
-            raise _Verdict("incorrect", f"{what} {case_str(case)} (seed {seed}): {msg}")
-
-    # 1. Correctness on two seeds of every timed case and one of every extra check case.
-    t0 = perf_counter()
-    for i, case in enumerate(timed_cases):
-        for seed in (11 + i, 101 + i):
-            run_checked(case, seed, "case")
-    for i, case in enumerate(check_cases):
-        run_checked(case, 211 + i, "check case")
-    compile_s = import_s + perf_counter() - t0  # first calls include Triton JIT (pitfall 12)
-
-    # 2. Timing, reference and candidate interleaved, case by case.
-    timer = _CudaTimer(elapsed_time, cuda_sync) if device == "cuda" else _CpuTimer(perf_counter)
-    results, flags = [], []
-    for i, case in enumerate(timed_cases):
-        sets = [task.generate_input(case, 1000 * (i + 1) + k, device=device) for k in range(timer.n_sets)]
-        ref_t, cand_t = timer.time_pair(reference, kernel, sets, quick, verify_untouched)
-        row = dict(case=case, reference_ms=_median(ref_t), candidate_ms=_median(cand_t),
-                   reference_spread=_spread(ref_t), candidate_spread=_spread(cand_t), reps=len(cand_t))
-        row["speedup"] = row["reference_ms"] / row["candidate_ms"] if row["candidate_ms"] > 0 else math.inf
-        row["flags"] = _suspicions(task, case, row, device)
-        flags += [f"{case_str(case)}: {f}" for f in row["flags"]]
-        results.append(row)
-
-    # 3. Inputs the candidate has never seen, from a seed drawn after it was loaded (pitfall 3).
-    for i, case in enumerate(list(timed_cases) + list(check_cases[:1])):
-        run_checked(case, job["unseen_seed"] + i, "unseen input")
-    verify_untouched()
-
-    speedups = [r["speedup"] for r in results]
-    speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
-    if speedup is not None and not math.isfinite(speedup):
-        raise _Verdict("rejected", "a timed case took no measurable time")
-    return dict(status="ok", speedup=speedup, cases=results, flags=flags, compile_s=round(compile_s, 3),
-                message=f"geomean speedup {speedup:.3f}x over {len(results)} case(s)")
-
-
-class _CpuTimer:
-    """Wall clock around each call; a handful of repetitions (interpreted Triton is slow)."""
-    n_sets = 2
-
-    def __init__(self, perf_counter):
-        self.clock = perf_counter
-
-    def time_pair(self, reference, kernel, sets, quick, verify):
-        budget, min_reps, max_reps = (0.3, 2, 5) if quick else (1.0, 3, 15)
-        for fn in (reference, kernel):  # warm-up: one call each
-            fn(_clone(sets[0]))
-        ref_t, cand_t, spent, rep = [], [], 0.0, 0
-        while rep < max_reps and (rep < min_reps or spent < budget):
-            data = sets[rep % len(sets)]
-            order = ((reference, ref_t), (kernel, cand_t)) if rep % 2 == 0 else ((kernel, cand_t), (reference, ref_t))
-            for fn, store in order:
-                args = _clone(data)
-                t0 = self.clock()
-                out = fn(args)
-                dt = self.clock() - t0
-                store.append(dt * 1e3)
-                spent += dt
-                _check_types(out, fn is kernel)
-            verify()
-            rep += 1
-        return ref_t, cand_t
-
-
-class _CudaTimer:
-    """CUDA events with an L2 flush, rotated inputs, warm-up by time and a device-wide sync."""
-    n_sets = 3
-
-    def __init__(self, elapsed_time, sync):
-        import torch
-        self.torch, self.elapsed, self.sync = torch, elapsed_time, sync
-        self.flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # >= 256 MB
-
-    def _call(self, fn, data):
-        torch = self.torch
-        self.flush_buf.zero_()  # evict L2 outside the timed region (pitfall 10)
-        self.sync()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn(data)
-        self.sync()  # device-wide: work on another stream cannot escape the end event (pitfall 5)
-        end.record()
-        end.synchronize()
-        return self.elapsed(start, end), out
-
-    def time_pair(self, reference, kernel, sets, quick, verify):
-        for fn in (reference, kernel):  # warm up by time, >= 25 ms and >= 3 calls (pitfall 11)
-            t_end, n = time.monotonic() + 0.025, 0
-            while n < 3 or time.monotonic() < t_end:
-                fn(_clone(sets[n % len(sets)]))
-                n += 1
-            self.sync()
-        verify()
-        budget, min_reps, max_reps = (0.5, 5, 20) if quick else (2.0, 10, 100)
-        ref_t, cand_t, t_start, rep = [], [], time.monotonic(), 0
-        while rep < max_reps and (rep < min_reps or time.monotonic() - t_start < budget):
-            data = sets[rep % len(sets)]
-            order = ((reference, ref_t), (kernel, cand_t)) if rep % 2 == 0 else ((kernel, cand_t), (reference, ref_t))
-            for fn, store in order:
-                args = _clone(data)  # fresh copy, made outside the timed region
-                ms, out = self._call(fn, args)
-                store.append(ms)
-                _check_types(out, fn is kernel)
-                del args, out
-            verify()
-            rep += 1
-        return ref_t, cand_t
-
-
-def _clone(data):
-    import torch
-    if isinstance(data, torch.Tensor):
-        return data.clone()
-    if isinstance(data, (tuple, list)):
-        return type(data)(_clone(x) for x in data)
-    if isinstance(data, dict):
-        return {k: _clone(v) for k, v in data.items()}
-    return data
-
-
-def _same(a, b):
-    import torch
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def _check_types(out, is_candidate):
-    """Outputs of timed calls must stay plain tensors: a lazy object would push work out of the
-    timed region into whatever reads it later (pitfall 4)."""
-    import torch
-    if not is_candidate:
-        return
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    for o in outs:
-        if type(o) is not torch.Tensor:
-            raise _Verdict("incorrect", f"timed call returned {type(o).__name__}, not a plain torch.Tensor")
-
-
-def _suspicions(task, case, row, device):
-    flags = []
-    if row["speedup"] > SUSPICIOUS_SPEEDUP:
-        flags.append(f"suspicious: {row['speedup']:.1f}x faster than the reference")
-    if device == "cuda":
-        import torch
-        name = torch.cuda.get_device_name(0)
-        peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
-        if peak:
-            floor_ms = task.min_bytes(case) / peak * 1e3
-            if row["candidate_ms"] < 0.9 * floor_ms:
-                flags.append(f"suspicious: {row['candidate_ms']:.4f} ms is below the memory floor {floor_ms:.4f} ms")
-    return flags
-
-
-def _median(xs):
-    s = sorted(xs)
-    n = len(s)
-    return (s[n // 2] + s[(n - 1) // 2]) / 2
-
-
-def _spread(xs):
-    """Interquartile range relative to the median: 0.02 means the middle half is within 2%."""
-    s = sorted(xs)
-    n = len(s)
-    q1, q3 = s[int(0.25 * (n - 1))], s[int(math.ceil(0.75 * (n - 1)))]
-    med = _median(s)
-    return (q3 - q1) / med if med > 0 else 0.0
+ROOT = os.path.dirname(os.path.abspath(__file__))
+MAX_SOURCE = 1 << 20          # a kernel source larger than 1 MB is not a kernel
+FLUSH_BYTES = 256 * 2**20     # >= the L2 of any GPU we know: evicts it between calls
+DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded temporaries on the GPU)
 
 
 def case_str(case):
     return ",".join(f"{k}={v}" for k, v in case.items())
 
+
+# ---------------------------------------------------------------------------------------------
+# Pieces both roles share: tensors in a nested input or output, their fingerprint, the timers.
+# ---------------------------------------------------------------------------------------------
+
+def tensors_of(x):
+    """The tensors of a (nested) input or output, in a fixed order."""
+    import torch
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in tensors_of(item)]
+    if isinstance(x, dict):
+        return [t for k in x for t in tensors_of(x[k])]
+    return []
+
+
+def digest(tensors, a, b):
+    """A fingerprint of the tensors' raw bytes, keyed by numbers (a, b) the parent draws after the
+    calls ran. On a CPU: keyed BLAKE2b. On a GPU (no copy to the host inside the timed window):
+    sum_i byte_i * w_i with w_i = ((a*i + b) >> 7) & 0xFFFF, in exact integer arithmetic, so it
+    does not depend on the order of the sum. Either way the trusted side recomputes it from the
+    bytes handed over, on the same kind of device."""
+    import hashlib
+
+    import torch
+    out = []
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if raw.device.type == "cpu":
+            key = a.to_bytes(8, "little") + b.to_bytes(8, "little")
+            out.append(int.from_bytes(hashlib.blake2b(raw.numpy(), key=key, digest_size=8).digest(), "little"))
+            continue
+        total = 0
+        for start in range(0, raw.numel(), DIGEST_CHUNK):
+            x = raw[start:start + DIGEST_CHUNK].to(torch.int32)
+            idx = torch.arange(start, start + x.numel(), device=x.device, dtype=torch.int64)
+            w = ((idx * a + b) >> 7) & 0xFFFF
+            total += int((x * w.to(torch.int32)).sum(dtype=torch.int64))  # < 2^24 * 2^24: no overflow
+        out.append(total)
+    return out
+
+
+def spec_of(out):
+    """What a returned object is, for the parent to compare with the reference's outputs."""
+    import torch
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    return [{"type": type(t).__name__, "plain": type(t) is torch.Tensor,
+             **({"dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.type,
+                 "contiguous": t.is_contiguous(), "strided": t.layout == torch.strided}
+                if isinstance(t, torch.Tensor) else {})} for t in items]
+
+
+class CpuTimer:
+    """CPU time of the process around each call (the Triton interpreter: not GPU times). CPU time,
+    not wall clock: it is what the parent can check against the kernel's own accounting, and it
+    does not grow when other programs share the machine's cores."""
+
+    def run(self, fn, inputs):
+        outs, ms = [], []
+        for data in inputs:
+            t0 = time.process_time()
+            outs.append(fn(data))
+            ms.append((time.process_time() - t0) * 1e3)
+        return outs, ms
+
+
+class CudaTimer:
+    """CUDA events on the current stream: an L2 flush before each call, the end event recorded
+    right after the call (no device-wide sync inside the timed region: that would add the host's
+    return from the sync to every sample). Work a call leaves on other streams is not in its
+    events; the device sync at the end of the block puts it in the parent's clock instead."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def run(self, fn, inputs):
+        torch = self.torch
+        outs, events = [], []
+        for data in inputs:
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            outs.append(fn(data))
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return outs, [s.elapsed_time(e) for s, e in events]
+
+
+def copy_bandwidth():
+    """Bytes/s of a device-to-device copy (read + write), best of five: the measured bandwidth
+    the parent's physical bound uses."""
+    import torch
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    best = math.inf
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / best
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: set-up, then one command at a time.
+# ---------------------------------------------------------------------------------------------
+
+class Worker:
+    def __init__(self, role, task_name, device, out):
+        import torch
+
+        from tasks import get_task
+        self.role, self.device, self.out = role, device, out
+        self.task = get_task(task_name)
+        self.fn = self.task.reference if role == "reference" else None
+        torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
+        torch.backends.cudnn.allow_tf32 = False
+        if device == "cpu":
+            torch.set_num_threads(1)  # steadier wall-clock times on a shared machine
+            # Unwritten output elements read as NaN. Set once for the worker's whole life, in both
+            # roles, so that no call can tell a checked call from a timed one.
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.utils.deterministic.fill_uninitialized_memory = True
+        self.timer = CudaTimer() if device == "cuda" else CpuTimer()
+        self.block = None  # (id, case, seeds, inputs, outputs) of the last block
+
+    def send(self, obj, payload=b""):
+        self.out.write(json.dumps(obj).encode() + b"\n" + payload)
+        self.out.flush()
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def load(self, cmd):
+        """Import the candidate from a real file in the sandbox's private /tmp (@triton.jit reads
+        its function's source from the file)."""
+        import importlib.util
+        source = cmd["source"]
+        if len(source) > MAX_SOURCE:
+            return {"op": "loaded", "error": "compile_error", "message": "candidate source over 1 MB"}
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "candidate_kernel.py")
+        with open(path, "w") as f:
+            f.write(source)
+        t0 = time.perf_counter()
+        try:
+            spec = importlib.util.spec_from_file_location("candidate_kernel", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            fn = module.custom_kernel
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
+            return {"op": "loaded", "error": "compile_error", "message": f"{type(e).__name__}: {e}"}
+        if not callable(fn):
+            return {"op": "loaded", "error": "compile_error", "message": "custom_kernel is not callable"}
+        self.fn = fn
+        return {"op": "loaded", "import_s": time.perf_counter() - t0}
+
+    def run_block(self, cmd):
+        """Make the inputs of every seed, call the kernel on each (timed), synchronise."""
+        case, seeds = cmd["case"], cmd["seeds"]
+        self.block = None
+        inputs = [self.task.generate_input(case, s, device=self.device) for s in seeds]
+        try:
+            outs, ms = self.timer.run(self.fn, inputs)
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001
+            return {"op": "ran", "id": cmd["id"], "error": "runtime_error",
+                    "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
+        self.block = (cmd["id"], case, seeds, inputs, outs)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors_of(inputs[0]) + tensors_of(outs[0]))
+        return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": nbytes}
+
+    def commit(self, cmd):
+        """Fingerprint the outputs and inputs of the call the parent picked; describe every
+        output of the block (the parent rejects lazy, non-contiguous or mistyped ones)."""
+        bid, _, _, inputs, outs = self._block(cmd)
+        j = cmd["index"]
+        if self.device == "cuda":
+            import torch
+            torch.cuda.synchronize()
+        specs = [spec_of(o) for o in outs]
+        bad = next((s for s in specs if not all(x["plain"] and x.get("contiguous") for x in s)), None)
+        reply = {"op": "committed", "id": bid, "spec": specs[j], "bad_spec": bad}
+        if bad is None:
+            reply["out_digest"] = digest(tensors_of(outs[j]), cmd["a"], cmd["b"])
+            reply["in_digest"] = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
+        return reply
+
+    def handover(self, cmd):
+        """The raw bytes of the picked call's outputs, one tensor after the other."""
+        _, _, _, _, outs = self._block(cmd)
+        chunks = [t.detach().contiguous().reshape(-1).view(__import__("torch").uint8).cpu().numpy().tobytes()
+                  for t in tensors_of(outs[cmd["index"]])]
+        payload = b"".join(chunks)
+        self.send({"op": "bytes", "id": cmd["id"], "n": len(payload)}, payload)
+
+    def check(self, cmd):
+        """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the
+        last block, which ran on the same seeds here."""
+        import torch
+        bid, case, seeds, inputs, outs = self._block(cmd)
+        j = cmd["index"]
+        expected = outs[j]
+        exp_tensors = tensors_of(expected)
+        data = _read_exact(cmd["path"], sum(t.numel() * t.element_size() for t in exp_tensors))
+        if data is None:
+            return {"op": "checked", "id": bid, "ok": False, "message": "handed-over bytes missing or of the wrong size"}
+        got, pos = [], 0
+        for e in exp_tensors:
+            n = e.numel() * e.element_size()
+            raw = torch.frombuffer(bytearray(data[pos:pos + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+            got.append(raw.view(e.dtype).reshape(e.shape).to(e.device))
+            pos += n
+        if digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
+            return {"op": "checked", "id": bid, "ok": False, "forged": True,
+                    "message": "handed-over bytes differ from what the worker committed to when its calls returned"}
+        pristine = self.task.generate_input(case, seeds[j], device=self.device)
+        if digest(tensors_of(pristine), cmd["a"], cmd["b"]) != cmd["in_digest"]:
+            return {"op": "checked", "id": bid, "ok": False,
+                    "message": f"{case_str(case)}: the candidate modified its input tensors"}
+        candidate = type(expected)(got) if isinstance(expected, (tuple, list)) else got[0]
+        ok, msg = self.task.check(candidate, expected)
+        return {"op": "checked", "id": bid, "ok": bool(ok), "message": f"{case_str(case)}: {msg}"}
+
+    def _block(self, cmd):
+        if self.block is None or self.block[0] != cmd["id"]:
+            raise RuntimeError(f"no block {cmd['id']} to {cmd['op']}")
+        return self.block
+
+
+def _read_exact(path, n):
+    """The file's bytes if it is a regular file of exactly n bytes (never follow a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        import stat
+        if not stat.S_ISREG(st.st_mode) or st.st_size != n:
+            return None
+        return f.read(n)
+
+
+def main():
+    role, task_name, device = sys.argv[1], sys.argv[2], sys.argv[3]
+    # Replies go to a private copy of stdout; print() and the candidate's writes go to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.path.insert(0, ROOT)
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    worker = Worker(role, task_name, device, out)
+    ready = {"op": "ready", "role": role, "pid": os.getpid()}
+    if role == "reference" and device == "cuda":
+        ready["copy_bandwidth"] = copy_bandwidth()
+    worker.send(ready)
+    handlers = {"load": worker.load, "block": worker.run_block, "commit": worker.commit,
+                "handover": worker.handover, "check": worker.check}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "exit":
+            break
+        try:
+            reply = handlers[cmd["op"]](cmd)
+        except SystemExit as e:
+            reply = {"op": "error", "error": "crashed", "message": f"candidate called sys.exit({e.code})"}
+        except BaseException as e:  # noqa: BLE001 - report, then let the parent decide
+            traceback.print_exc()
+            reply = {"op": "error", "error": "runtime_error", "message": f"{type(e).__name__}: {e}"}
+        if reply is not None:
+            worker.send(reply)
+    out.flush()
+    os._exit(0)  # skip interpreter teardown: a candidate's atexit hooks or threads must not run
+
+
+if __name__ == "__main__":
+    main()

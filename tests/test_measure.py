@@ -1,7 +1,8 @@
-"""measure.py against kernels that try the tricks in MEASUREMENT_PITFALLS (one test per pitfall
-that can be staged on CPU), plus the CLI and the result cache.
+"""measure.py against ordinary failures and the classic timing and correctness tricks (one test
+each that can be staged on CPU), the sandbox's start-up check, the command line and the cache.
+Attacks on the harness itself are in test_measure_attacks.py.
 
-Every candidate below is a real module source run through the real worker process.
+Every candidate below is a real module source run through the real sandboxed worker.
 """
 import json
 import subprocess
@@ -42,7 +43,7 @@ def test_correct_candidate_is_ok_with_times_and_speedup(tmp_path):
     row = m.cases[0]
     assert row["reference_ms"] > 0 and row["candidate_ms"] > 0 and row["reps"] >= 2
     assert abs(row["speedup"] - row["reference_ms"] / row["candidate_ms"]) < 1e-9
-    assert m.timer.startswith("cpu-wallclock") and "not GPU" in m.timer
+    assert m.timer.startswith("cpu-time") and "not GPU" in m.timer and m.sandbox == "bubblewrap"
     assert m.harness_version == measure.HARNESS_VERSION
 
 
@@ -54,7 +55,7 @@ def test_seed_is_ok_and_the_cache_is_hit_the_second_time(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
-# ---- pitfall 3: caching the output ---------------------------------------------------------
+# ---- caching the output ---------------------------------------------------------------------------
 
 def test_output_computed_once_and_replayed_is_incorrect():
     src = BODY + '''
@@ -83,10 +84,10 @@ def custom_kernel(data):
     # Fresh pointers mostly miss the cache; whenever a pointer is reused the stale output fails.
     # The property that matters: a pointer-keyed cache never passes with a wrong output.
     if m.status == "ok":
-        assert m.speedup < 50
+        assert m.speedup < 2
 
 
-# ---- pitfall 6: writing into the inputs, unwritten outputs ---------------------------------
+# ---- writing into the inputs, unwritten outputs ---------------------------------------------------
 
 def test_writing_into_inputs_is_incorrect():
     src = BODY + '''
@@ -114,7 +115,7 @@ def custom_kernel(data):
     assert m.status == "incorrect" and "non-finite" in m.message
 
 
-# ---- pitfall 4 and 8: lazy or downgraded outputs -------------------------------------------
+# ---- lazy or downgraded outputs ---------------------------------------------------------------------
 
 def test_tensor_subclass_output_is_incorrect():
     src = BODY + '''
@@ -139,7 +140,7 @@ def custom_kernel(data):
     assert m.status == "incorrect" and "dtype" in m.message
 
 
-# ---- pitfall 7: near-identity output --------------------------------------------------------
+# ---- near-identity output ---------------------------------------------------------------------------
 
 def test_output_that_skips_the_softmax_term_is_incorrect():
     src = BODY + '''
@@ -154,39 +155,19 @@ def custom_kernel(data):
     assert m.status == "incorrect", m.message
 
 
-# ---- pitfall 2 and 5: tampering with the timer or checker, escaping the timed region --------
+# ---- tampering stays inside the candidate's own process (the attacks are in test_measure_attacks) --
 
-def test_monkeypatching_the_clock_is_rejected():
-    src = BODY + '''
-import time as _t
-setattr(_t, "perf_" + "counter", lambda: 0.0)
-def custom_kernel(data):
-    return _ce(*data)
-'''
-    m = run(src)
-    assert m.status == "rejected" and "trusted" in m.message
-
-
-def test_monkeypatching_the_checker_is_rejected():
-    src = BODY + '''
-import tasks.cross_entropy as _task
-def custom_kernel(data):
-    _task.check = lambda output, expected: (True, "ok")
-    return _ce(*data)[0], None
-'''
-    m = run(src)
-    assert m.status == "rejected" and "check" in m.message
-
-
-def test_patching_a_tensor_method_is_rejected():
+def test_patching_torch_in_the_candidates_process_only_hurts_itself():
     src = BODY + '''
 def custom_kernel(data):
     torch.Tensor.float = lambda self: self
     return _ce(*data)
 '''
     m = run(src)
-    assert m.status == "rejected"
+    assert m.status == "incorrect" and "dtype" in m.message, m.message
 
+
+# ---- the static screen: a courtesy that turns obvious hacks away before they run --------------------
 
 @pytest.mark.parametrize("snippet", [
     "import threading\n",
@@ -200,7 +181,7 @@ def test_static_screen_rejects_threads_streams_processes(snippet):
     assert m.status == "rejected"
 
 
-# ---- pitfall 1 and 13: crashes, hangs, exits, memory, output floods ------------------------
+# ---- crashes, hangs, exits, memory, output floods ---------------------------------------------------
 
 def test_os_exit_is_crashed():
     m = run("import os\ndef custom_kernel(data):\n    os._exit(7)\n")
@@ -236,8 +217,7 @@ def custom_kernel(data):
 def test_flooding_stdout_is_contained():
     src = 'import sys\ndef custom_kernel(data):\n    while True:\n        sys.stdout.write("x" * 2**20)\n'
     m = run(src, timeout_s=60)
-    # The worker's output file is capped (RLIMIT_FSIZE); Python turns the overflow into an OSError.
-    assert m.status in ("runtime_error", "crashed") and "too large" in m.message.lower()
+    assert m.status == "crashed" and "output flood" in m.message, m.message
 
 
 # ---- ordinary failures --------------------------------------------------------------------
@@ -267,6 +247,39 @@ def test_unknown_task_and_missing_gpu_are_usage_errors():
                 measure.measure(TASK, "x", device="cuda")
 
 
+# ---- the sandbox's start-up check, the unsandboxed mode, plausibility ------------------------------
+
+def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
+    import measure_sandbox
+    monkeypatch.setattr(measure_sandbox, "_SANDBOX_PROBLEM", None)
+    monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
+    with pytest.raises(measure.SandboxUnavailable, match="bubblewrap.*not installed.*--unsafe-no-sandbox"):
+        run(seed_source(TASK))
+
+
+def test_unsafe_no_sandbox_still_measures_and_says_so():
+    m = run(seed_source(TASK), unsafe_no_sandbox=True)
+    assert m.status == "ok" and m.speedup > 0, m.message
+    assert "unsafe" in m.sandbox
+
+
+def test_a_speedup_above_the_confirmation_line_is_measured_twice(monkeypatch):
+    results = iter([dict(status="ok", speedup=40.0, flags=[]), dict(status="ok", speedup=1.1, flags=[])])
+    monkeypatch.setattr(measure, "_measure_once", lambda **kw: next(results))
+    m = run(seed_source(TASK))
+    assert m.status == "rejected" and "did not reproduce" in m.message
+    results = iter([dict(status="ok", speedup=40.0, flags=[]), dict(status="ok", speedup=30.0, flags=[])])
+    m = run(seed_source(TASK))
+    assert m.status == "ok" and m.speedup == 30.0 and any("confirmed" in f for f in m.flags)
+
+
+def test_physical_floor_uses_the_faster_of_datasheet_and_measured_bandwidth():
+    gb = 4 * 4096 * 128256
+    assert measure.physical_floor_ms(gb, "NVIDIA H200", 4.3e12) == pytest.approx(gb / 4.8e12 * 1e3)
+    assert measure.physical_floor_ms(gb, "Some Future GPU", 9e12) == pytest.approx(gb / 9e12 * 1e3)
+    assert measure.physical_floor_ms(gb, "Some Future GPU", None) is None
+
+
 # ---- command line ---------------------------------------------------------------------------
 
 def cli(*args):
@@ -290,6 +303,15 @@ def test_cli_bad_usage_is_one_line_and_nonzero(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: unknown task") and "Traceback" not in r.stderr
     r = cli("--task", TASK, "--candidate", str(tmp_path / "missing.py"))
     assert r.returncode == 2 and "cannot read candidate" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_binary_or_non_utf8_candidate_is_one_line(tmp_path):
+    for name, data in (("binary.py", b"\x7fELF\x00\x01\x02"), ("latin1.py", "x = 'caf\xe9'".encode("latin-1"))):
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        r = cli("--task", TASK, "--candidate", str(bad), "--device", "cpu")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr and not r.stdout
 
 
 def test_cli_wrong_kernel_is_a_result_not_an_error(tmp_path):
