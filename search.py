@@ -406,6 +406,9 @@ def build_parser():
     p.add_argument("--scale", choices=("benchmark", "cpu"), default=None,
                    help="measurement scale; default benchmark on a GPU, cpu otherwise")
     p.add_argument("--timeout", type=float, default=None, help="seconds per measurement (measure.py's default if unset)")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="measure candidates without measure.py's bubblewrap sandbox (for machines without "
+                   "user namespaces): LLM-written code then runs as you and can forge later measurements")
     p.add_argument("--out", default=None, help="output folder; default runs/<task>-<gate>-<seed> "
                    "(runs/<task>-compare-<seed> with --compare); rerun with the same --out to resume")
     p.add_argument("--compare", action="store_true", help="run the gated and the ungated search with "
@@ -415,6 +418,8 @@ def build_parser():
 
 
 def _check_args(args):
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SearchError(f"--out {args.out} is an existing file; pass a folder (a new one, or a run's to resume it)")
     for name in ("budget", "steps", "parents", "mutations", "measure_per_parent", "keep_children"):
         v = getattr(args, name)
         if v is not None and v < 1:
@@ -520,7 +525,16 @@ def setup(args, say=print):
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "
             f"GPU); the paper's search is --budget {PAPER_BUDGET} --steps 40")
-    measure_kwargs = {"scale": scale} | ({"timeout_s": args.timeout} if args.timeout else {})
+    import measure_sandbox
+    if args.unsafe_no_sandbox:
+        say("measurement sandbox: none (--unsafe-no-sandbox): candidate code runs unconfined, as you")
+    else:
+        try:  # at start-up, not at the first measurement minutes later
+            measure_sandbox.require_sandbox()
+        except measure_sandbox.SandboxUnavailable as e:
+            raise SearchError(str(e)) from None
+    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
+        {"timeout_s": args.timeout} if args.timeout else {})
     return dict(scale=scale, mutator=mutator, mutator_name=mutator_name, forecaster=forecaster,
                 forecaster_name=forecaster_name, budget=budget, description=description,
                 gated_mutations=gated_mutations,

@@ -428,6 +428,26 @@ def test_cli_rejects_bad_numbers_in_one_line(capsys):
     assert len(err) == 1 and "--budget" in err[0]
 
 
+def test_cli_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.write_text("not a folder")
+    assert search.main(["--task", "cross_entropy", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "existing file" in err[0] and "Traceback" not in err[0]
+    assert out.read_text() == "not a folder"
+
+
+def test_cli_without_a_sandbox_refuses_at_start_up(tmp_path, capsys, monkeypatch):
+    import measure_sandbox
+    monkeypatch.setattr(measure_sandbox, "_SANDBOX_PROBLEM", None)
+    monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
+    rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog",
+                      "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--unsafe-no-sandbox" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_outputs_and_training_rows(tmp_path):
     s, summary, _ = run(tmp_path, budget=6)
     out = tmp_path / "run"
@@ -616,7 +636,7 @@ class FakeEmbeddedBackend:
     def answer_prompt(self, messages, reasoning, prefix, tools):
         return [len(messages[-1]["content"])]  # one 'token' that differs between candidates
 
-    def next_token_probs(self, prompts, digits):
+    def next_token_probs(self, prompts, digits, shared=None):
         return [peaked(1 + p[0] % 8, 0.5) for p in prompts]
 
 
