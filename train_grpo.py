@@ -498,6 +498,11 @@ def check_args(args):
         return "give --holdout-task or --eval-fraction, not both"
     if not Path(args.data).is_file():
         return f"--data {args.data}: no such file"
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return f"--out {args.out} is an existing file; pass a folder"
+    if (out / "log.jsonl").exists() and not args.resume:
+        return f"--out {args.out} already holds a run; pass --resume or choose another --out"
     return None
 
 

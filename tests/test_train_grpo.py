@@ -284,6 +284,17 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--resume"]) == 2
 
 
+def test_cli_out_that_is_a_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"pack": "cross_entropy"}\n')
+    out = tmp_path / "out"
+    out.write_text("not a folder")
+    monkeypatch.setattr(train_grpo, "train", lambda args: pytest.fail("train() ran before --out was checked"))
+    assert train_grpo.main(["--data", str(rows), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "existing file" in err and out.read_text() == "not a folder"
+
+
 # ---- it learns ----------------------------------------------------------------------------------
 
 @pytest.mark.slow
