@@ -1,11 +1,13 @@
 """forecast_prompt.py: what the forecaster sees (PAPER_FACTS §3).
 
 A "GPU execution simulator" system message with the speedup definition and the bin table, a user
-message with the task name and description (from tasks/), the reference and candidate kernels
-fenced as python, and a table of the hardware (read from the GPU when one is present, or a named
-profile: a100-80gb as in the paper, h100, h200), plus the schema of the answer tool
+message with the task name and description (from tasks/), the reference kernel fenced as python,
+a table of the hardware (read from the GPU when one is present, or a named profile: a100-80gb as
+in the paper, h100, h200), then the candidate kernel, plus the schema of the answer tool
 `submit_kernel_runtime_estimate`. The bin table is generated from metrics.py, the same edges that
 label the data, so the prompt and the labels can never disagree (the original's mismatch).
+The candidate comes last (the original put the hardware after it): everything before it is the
+same for every candidate of a task, so a model computes it once (shared_messages).
 forecaster.py re-exports everything here; train_grpo.py uses the same prompt.
 """
 import metrics
@@ -111,18 +113,35 @@ def hardware_table(hardware):
     return "\n".join(rows)
 
 
+def _user_parts(task, reference_code, candidate_code, hardware):
+    """The user message in two parts: what every candidate of (task, reference, hardware) shares,
+    then the candidate. The shared part comes first so that its computation (a model's KV cache,
+    a server's prefix cache) is done once per task and reused for every candidate."""
+    from tasks import get_task
+    description = get_task(task).DESCRIPTION.strip()
+    shared = (f"Task: {task}\n\n{description}\n\n"
+              f"Reference kernel (task {task}):\n{_fence(reference_code)}\n\n"
+              f"Hardware:\n{hardware_table(hardware)}\n\n")
+    candidate = (f"Candidate kernel (task {task}):\n{_fence(candidate_code)}\n\n"
+                 f"Forecast the candidate's speedup over the reference with {TOOL_NAME}.")
+    return shared, candidate
+
+
 def build_messages(task, reference_code, candidate_code, hardware=None):
     """System and user messages of one forecast (PAPER_FACTS section 3). `hardware` is a dict
     from hardware_info() (default: hardware_info())."""
-    from tasks import get_task
-    description = get_task(task).DESCRIPTION.strip()
     hardware = hardware_info() if hardware is None else hardware
-    user = (f"Task: {task}\n\n{description}\n\n"
-            f"Reference kernel (task {task}):\n{_fence(reference_code)}\n\n"
-            f"Candidate kernel (task {task}):\n{_fence(candidate_code)}\n\n"
-            f"Hardware:\n{hardware_table(hardware)}\n\n"
-            f"Forecast the candidate's speedup over the reference with {TOOL_NAME}.")
-    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": user}]
+    shared, candidate = _user_parts(task, reference_code, candidate_code, hardware)
+    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": shared + candidate}]
+
+
+def shared_messages(task, reference_code, hardware=None):
+    """The messages of build_messages cut just before the candidate: the part every candidate of
+    (task, reference, hardware) shares. A backend renders it to find the prompt prefix it may
+    compute once (rendering closes the cut message, so only the common tokens are reused)."""
+    hardware = hardware_info() if hardware is None else hardware
+    shared, _ = _user_parts(task, reference_code, "", hardware)
+    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": shared}]
 
 
 # The answer tool, in the OpenAI `tools` format; the harmony developer message renders the same.

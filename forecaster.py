@@ -10,7 +10,8 @@ forecasts and defers uncertain ones to a real GPU measurement.
                     message with the task, both kernels (fenced as python) and a hardware table
     parse_answer    the model's answer, the tool call `submit_kernel_runtime_estimate`, into a
                     Forecast; never raises: anything unusable is a parse failure with a reason
-    Forecaster      prompts -> backend -> Forecasts, batched, with an on-disk cache
+    Forecaster      prompts -> backend -> Forecasts, batched per task over the prompt prefix
+                    the task's candidates share (computed once), with an on-disk cache
     Gate            trust or defer, from a confidence score and a threshold
 
 Two read-outs of the forecast distribution:
@@ -55,7 +56,8 @@ from forecaster_backends import (DEFAULT_MODEL, REASONING_EFFORTS, Completion, M
                                  model_not_found_message, _weights_available)
 
 from forecast_prompt import (FACTORS, FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME,  # noqa: F401
-                             bin_table, build_messages, hardware_info, hardware_table, system_prompt)
+                             bin_table, build_messages, hardware_info, hardware_table, shared_messages,
+                             system_prompt)
 
 DIGITS = tuple(str(b) for b in metrics.BINS)
 ANSWER_PREFIX = '{"predicted_bin": '
@@ -279,10 +281,14 @@ class Forecaster:
 
     readout: "verbalized" (default for GPT-OSS and servers) or "logits" (default for the embedded
     SmolLM2); reasoning_tokens: for the logits read-out, how many tokens the model may reason
-    before its answer is read (0 = none, the default). cache_dir=None disables the cache."""
+    before its answer is read (0 = none, the default). cache_dir=None disables the cache.
+    prefix_cache: hand the backend the prompt prefix that the candidates of a task share (system
+    text, bins, task, reference, hardware: ~3,000 tokens), which it computes once per task and
+    reuses (a local model's KV cache, a server's prefix cache); False recomputes it per candidate,
+    the same forecasts within numerical noise, for comparison."""
 
     def __init__(self, backend, readout=None, cache_dir=DEFAULT_CACHE_DIR, *, max_new_tokens=4096,
-                 temperature=1.0, seed=0, reasoning_tokens=0, hardware=None):
+                 temperature=1.0, seed=0, reasoning_tokens=0, hardware=None, prefix_cache=True):
         self.backend = backend
         self.readout = readout or ("logits" if getattr(backend, "embedded", False) else "verbalized")
         if self.readout not in ("verbalized", "logits"):
@@ -290,6 +296,7 @@ class Forecaster:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.reasoning_tokens = reasoning_tokens
+        self.prefix_cache = prefix_cache
         self.hardware = hardware_info() if hardware is None else hardware
         self.model = getattr(backend, "name", type(backend).__name__)
 
@@ -328,7 +335,8 @@ class Forecaster:
         return self.forecast_pairs([(task, reference_code, c) for c in candidate_codes], repeat=repeat)
 
     def forecast_pairs(self, pairs, *, repeat=0):
-        """One Forecast per (task, reference_code, candidate_code); cache misses run as one batch."""
+        """One Forecast per (task, reference_code, candidate_code); the cache misses of each
+        (task, reference) run as one batch over their shared prompt prefix."""
         convs = [build_messages(t, r, c, self.hardware) for t, r, c in pairs]
         keys = [self.cache_key(m, repeat) for m in convs]
         out = [self._cached(k) for k in keys]
@@ -336,28 +344,35 @@ class Forecaster:
         if todo:
             run = self._verbalized if self.readout == "verbalized" else self._logits
             seed = None if self.seed is None else self.seed + repeat
-            for i, (f, keep) in zip(todo, run([convs[i] for i in todo], seed)):
-                f.readout, f.model = self.readout, self.model
-                out[i] = f
-                if keep:  # machinery errors (server down, prompt too long) are not cached
-                    self._store(keys[i], f)
+            groups = {}
+            for i in todo:
+                groups.setdefault(pairs[i][:2], []).append(i)
+            for (task, reference), idx in groups.items():
+                shared = shared_messages(task, reference, self.hardware) if self.prefix_cache else None
+                for i, (f, keep) in zip(idx, run([convs[i] for i in idx], seed, shared)):
+                    f.readout, f.model = self.readout, self.model
+                    out[i] = f
+                    if keep:  # machinery errors (server down, prompt too long) are not cached
+                        self._store(keys[i], f)
         return out
 
-    def _verbalized(self, convs, seed):
-        comps = self.backend.generate(convs, max_new_tokens=self.max_new_tokens,
-                                      temperature=self.temperature, seed=seed, tools=[FORECAST_TOOL])
+    def _verbalized(self, convs, seed, shared):
+        comps = self.backend.generate(convs, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                      seed=seed, tools=[FORECAST_TOOL], shared=shared)
         return [(parse_completion(c), not c.error) for c in comps]
 
-    def _logits(self, convs, seed):
+    def _logits(self, convs, seed, shared):
         t0 = time.perf_counter()
         reasoning = [""] * len(convs)
         comps = [Completion("") for _ in convs]
         if self.reasoning_tokens:
-            comps = self.backend.generate(convs, max_new_tokens=self.reasoning_tokens,
-                                          temperature=self.temperature, seed=seed, tools=[FORECAST_TOOL])
+            comps = self.backend.generate(convs, max_new_tokens=self.reasoning_tokens, temperature=self.temperature,
+                                          seed=seed, tools=[FORECAST_TOOL], shared=shared)
             reasoning = [reasoning_of(c) for c in comps]
         prompts = [self.backend.answer_prompt(m, r, ANSWER_PREFIX, [FORECAST_TOOL]) for m, r in zip(convs, reasoning)]
-        rows = self.backend.next_token_probs(prompts, DIGITS)
+        if shared:  # the same prefix in the backend's prompt form (it ends where the user's text is cut)
+            shared = self.backend.answer_prompt(shared, None, "", [FORECAST_TOOL])
+        rows = self.backend.next_token_probs(prompts, DIGITS, shared=shared)
         seconds = (time.perf_counter() - t0) / max(1, len(convs))
         out = []
         for c, r, p, prompt in zip(comps, reasoning, rows, prompts):
@@ -460,6 +475,8 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
     rows = read_rows(rows_path)
     done = _done_ids(out_path)
     todo = [(r, k) for k in range(repeats) for r in rows if (r["id"], k) not in done]
+    # a task's rows together: a batch then shares one prompt prefix (forecast_pairs groups by it)
+    todo.sort(key=lambda rk: (rk[1], rk[0]["task"], rk[0]["anchor_code"]))
     with open(out_path, "a") as out, tqdm(total=len(todo), disable=not progress, desc="forecast", unit="row") as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
@@ -526,6 +543,10 @@ def build_parser():
     p.add_argument("--threshold", type=float, default=0.5, help="gate threshold: trust when the score is at least this")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="forecast cache folder")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the forecast cache")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="recompute the prompt prefix that a task's candidates share (system text, bins, "
+                        "task, reference, hardware) for every candidate instead of once per task; the "
+                        "same forecasts within numerical noise, slower (for comparison)")
     p.add_argument("--batch-size", type=int, default=8, help="candidates generated together")
     p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
     p.add_argument("--json", action="store_true", help="print the forecast as JSON")
@@ -552,13 +573,20 @@ def main(argv=None, backend=None):
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
         gate = Gate(args.gate_score, args.threshold)
+        t0 = time.perf_counter()
         backend = backend or choose_backend(args)
+        t_loaded = time.perf_counter()
         fc = Forecaster(backend, readout=args.readout, cache_dir=None if args.no_cache else args.cache_dir,
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                        reasoning_tokens=args.reasoning_tokens, hardware=hardware_info(args.hardware))
+                        reasoning_tokens=args.reasoning_tokens, hardware=hardware_info(args.hardware),
+                        prefix_cache=not args.no_prefix_cache)
         if args.eval:
             n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size)
-            print(f"wrote {n} prediction rows to {args.out}", file=sys.stderr)
+            t_end = time.perf_counter()
+            prefix = "recomputed for every candidate" if args.no_prefix_cache else "computed once per task"
+            print(f"wrote {n} prediction rows to {args.out} in {t_end - t0:.1f} s (model load "
+                  f"{t_loaded - t0:.1f} s, forecasts {t_end - t_loaded:.1f} s; shared prompt prefix "
+                  f"{prefix})", file=sys.stderr)
             return 0
         f = fc.forecast_many(args.task, reference, [candidate])[0]
     except (ValueError, RuntimeError, OSError) as e:  # ModelNotFound is a RuntimeError

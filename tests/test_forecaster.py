@@ -61,6 +61,21 @@ def test_prompt_has_task_code_bins_and_hardware():
         assert key in u
 
 
+def test_candidate_comes_last_after_the_shared_prefix():
+    shared = F.shared_messages("cross_entropy", REF, A100)
+    a = F.build_messages("cross_entropy", REF, CAND, A100)
+    b = F.build_messages("cross_entropy", REF, CAND + "# other\n", A100)
+    assert a[0] == b[0] == shared[0]
+    for msgs in (a, b):  # everything but the candidate is one prefix, the same for every candidate
+        user = msgs[1]["content"]
+        assert user.startswith(shared[1]["content"])
+        rest = user[len(shared[1]["content"]):]
+        assert rest.startswith("Candidate kernel (task cross_entropy)") and "| SMs |" not in rest
+    assert "Reference kernel" in shared[1]["content"] and "| SMs | 108 |" in shared[1]["content"]
+    assert CAND not in shared[1]["content"]
+    assert F.shared_messages("cross_entropy", CAND, A100) != shared  # the reference is part of it
+
+
 def test_fence_survives_backticks_in_code():
     _, user = F.build_messages("cross_entropy", REF, 'DOC = """```python\nx```"""\n', A100)
     assert "````python\n" in user["content"]
@@ -277,6 +292,63 @@ def test_tiny_gpt_oss_end_to_end_both_readouts(o200k):
     assert batched[0].raw_sum == pytest.approx(float(p.sum()), rel=1e-3)
 
 
+def _counting(model):
+    """Record how many tokens each forward runs through the model."""
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    return seen
+
+
+def test_prefix_reuse_matches_full_prompts():
+    """The shared prefix's KV cache, shifted under each row's left padding, gives the same next-token
+    probabilities and the same greedy generations as running every full prompt, on a model with
+    sliding-window layers (window 32, far shorter than the prefix) and rows of different lengths."""
+    from tiny_models import tiny_tokenizer
+    model = tiny_gpt_oss(vocab_size=512)
+    backend = F.TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny", batch_size=3)
+    system = {"role": "system", "content": "| bin | name | speedup interval |\n" * 12}
+    shared = [system, {"role": "user", "content": "def custom_kernel(data):\n    return torch.matmul(x, y)\n"}]
+    convs = [[system, {"role": "user", "content": shared[1]["content"] + tail}]
+             for tail in ("fused", "The candidate kernel fuses the softmax.", "x" * 45)]
+    prompts = [backend.answer_prompt(c, "", F.ANSWER_PREFIX) for c in convs]
+    cut = backend.answer_prompt(shared, None, "")
+    seen = _counting(model)
+    full = backend.next_token_probs(prompts, F.DIGITS)
+    assert min(len(p) for p in prompts) > 100 and seen == [max(len(p) for p in prompts)]
+    reused = backend.next_token_probs(prompts, F.DIGITS, shared=cut)
+    assert backend.prefix_stats["computed"] == 1 and seen[-1] < seen[0] - 80  # the prefix was not rerun
+    for a, b in zip(full, reused):
+        assert a == pytest.approx(b, abs=1e-5)
+    again = backend.next_token_probs(prompts[1:], F.DIGITS, shared=cut)
+    assert backend.prefix_stats == {"computed": 1, "reused": 1, "prefix_tokens": backend.prefix_stats["prefix_tokens"]}
+    assert again[0] == pytest.approx(full[1], abs=1e-5)
+    # generation continues from the cached prefix: the same greedy tokens
+    plain = backend.generate(convs, max_new_tokens=6, temperature=0, seed=0)
+    cached = backend.generate(convs, max_new_tokens=6, temperature=0, seed=0, shared=shared)
+    assert [c.completion_ids for c in plain] == [c.completion_ids for c in cached]
+    assert [c.tokens_in for c in plain] == [c.tokens_in for c in cached]
+    # a prefix the rows do not start with is not used: nothing is reused that would be wrong
+    wrong = backend.answer_prompt([system, {"role": "user", "content": "another task"}], None, "")
+    before = dict(backend.prefix_stats)
+    backend.next_token_probs(prompts[:1], F.DIGITS, shared=wrong)
+    assert backend.prefix_stats["computed"] == before["computed"] + 1  # only the common part, a new key
+    assert backend.prefix_stats["prefix_tokens"] - before["prefix_tokens"] < len(cut) - 20
+
+
+def test_forecaster_hands_each_tasks_prefix_to_the_backend():
+    class Recording(ScriptedBackend):
+        def generate(self, conversations, *, shared=None, **kw):
+            self.shared = getattr(self, "shared", []) + [(len(conversations), shared)]
+            return super().generate(conversations, **kw)
+    backend = Recording()
+    pairs = [("cross_entropy", REF, CAND), ("fp8_quant", REF, CAND), ("cross_entropy", REF, CAND + "#2\n")]
+    F.Forecaster(backend, cache_dir=None, hardware=A100).forecast_pairs(pairs)
+    assert backend.shared == [(2, F.shared_messages("cross_entropy", REF, A100)),
+                              (1, F.shared_messages("fp8_quant", REF, A100))]
+    F.Forecaster(backend, cache_dir=None, hardware=A100, prefix_cache=False).forecast_pairs(pairs[:1])
+    assert backend.shared[-1] == (1, None)
+
+
 # ---- an OpenAI-compatible server (loopback fake) ------------------------------------------------------
 
 def server_backend(url, **kw):
@@ -287,13 +359,20 @@ def test_server_forecast_end_to_end():
     with FakeOpenAIServer() as server:
         fc = F.Forecaster(server_backend(server.url, reasoning_effort="low"), cache_dir=None, hardware=A100)
         fs = fc.forecast_many("cross_entropy", REF, [CAND, CAND + "# v2\n"])
-    assert len(server.requests) == 2
+        fc.forecast_many("cross_entropy", REF, [CAND + "# v3\n", CAND + "# v4\n"])
+    # the shared prefix goes first, alone and once (the server's prefix cache then holds it)
+    assert len(server.requests) == 5
+    warm, rows = server.requests[0], server.requests[1:]
+    assert warm["max_tokens"] == 1 and warm["messages"] == F.shared_messages("cross_entropy", REF, A100)
     for f in fs:
         assert not f.parse_failed and f.predicted_bin == 5 and f.probs[4] == pytest.approx(0.5)
         assert (f.tokens_in, f.tokens_out, f.model) == (100, 20, "openai/gpt-oss-20b")
-    req = server.requests[0]
-    assert req["tools"] == [F.FORECAST_TOOL] and req["tool_choice"] == "auto"
-    assert req["reasoning_effort"] == "low" and req["messages"][0]["role"] == "system"
+    for req in [warm] + rows:  # the same tools and system text, so the same prompt prefix
+        assert req["tools"] == [F.FORECAST_TOOL] and req["tool_choice"] == "auto"
+        assert req["reasoning_effort"] == "low" and req["messages"][0]["role"] == "system"
+    for req in rows:
+        assert req["messages"][1]["content"].startswith(warm["messages"][1]["content"])
+        assert req["max_tokens"] == 4096
 
 
 def test_server_final_content_answer_is_parsed():
@@ -388,7 +467,7 @@ class ScriptedBackend:
         self.calls, self.rows, self.fail_after = 0, 0, fail_after
         self.answer = answer or call(args())
 
-    def generate(self, conversations, *, max_new_tokens, temperature, seed, tools=None):
+    def generate(self, conversations, *, max_new_tokens, temperature, seed, tools=None, shared=None):
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("backend went away")
         self.calls += 1
@@ -473,10 +552,26 @@ def _rows(path, n):
             f.write(json.dumps(r) + "\n")
 
 
+def test_cli_eval_reports_time_and_prefix_setting(tmp_path, capsys):
+    class Recording(ScriptedBackend):
+        def generate(self, conversations, *, shared=None, **kw):
+            self.shared = shared
+            return super().generate(conversations, **kw)
+    _rows(tmp_path / "rows.jsonl", 3)
+    for flag, said in (([], "computed once per task"), (["--no-prefix-cache"], "recomputed for every candidate")):
+        backend = Recording()
+        argv = ["--eval", str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / f"p{len(flag)}.jsonl"), "--no-cache"]
+        assert F.main(argv + flag, backend=backend) == 0
+        err = capsys.readouterr().err
+        assert "wrote 3 prediction rows" in err and said in err and "model load" in err
+        assert (backend.shared is None) == bool(flag)
+
+
 def test_eval_resumes_after_interruption(tmp_path):
     rows, out = tmp_path / "rows.jsonl", tmp_path / "pred.jsonl"
     _rows(rows, 7)
-    fc = F.Forecaster(ScriptedBackend(fail_after=2), cache_dir=None, hardware=A100)
+    # rows run task by task (c1 c3 | c5, r0 | r2 r4 ...), one backend call per task in a batch
+    fc = F.Forecaster(ScriptedBackend(fail_after=3), cache_dir=None, hardware=A100)
     with pytest.raises(RuntimeError):
         F.run_eval(fc, rows, out, repeats=2, batch_size=2, progress=False)
     written = out.read_text().splitlines()
