@@ -9,6 +9,10 @@ loss, the loop, checkpoints); this file holds the mechanics of the language mode
     (forecaster.build_messages; harmony for GPT-OSS, the chat template otherwise),
   - the "votes" answer format for tiny models (a forced prefix, then K bin digits),
   - sampling G completions per prompt and the per-token log-probabilities the loss needs.
+The G samples of a group share their prompt (thousands of tokens; a votes completion is 4), so
+the prompt's forward runs once per group and its KV cache serves all G (prefix_cache.py): in
+generation, and in the log-prob passes, where prompt_kv with grad enabled lets the gradient of
+every sample reach the adapter through the one shared prompt forward.
 """
 import time
 
@@ -18,6 +22,7 @@ import torch
 import forecaster
 import forecaster_backends
 import metrics
+import prefix_cache
 
 DIGITS = tuple(str(b) for b in metrics.BINS)
 
@@ -118,24 +123,59 @@ def collate(samples, pad_id, device):
     return ids.to(device), attn.to(device), pos.to(device), attn[:, P:].to(device), P
 
 
-def completion_logprobs(model, batch, temperature=1.0, allowed=None):
+def prompt_kv(model, prompt):
+    """The KV cache of a prompt's forward, all but its last token (whose logits score the first
+    completion token), for completion_logprobs(prefix=...). With grad enabled the gradient flows
+    through it; grpo_step passes detached copies and backpropagates their gradient once."""
+    return prefix_cache.prefix_kv(model, prompt[:-1])
+
+
+def completion_logprobs(model, batch, temperature=1.0, allowed=None, prefix=None):
     """log pi(token) of every completion token [B, Tc] under the distribution it was sampled from
     (tempered; restricted to `allowed` token ids for the votes format). Padding gets 0. Only the
     completion's logits are computed (logits_to_keep): at 8192 tokens x 201k vocabulary they are
-    the largest tensor of the step, hence micro-batch 1 by default."""
+    the largest tensor of the step, hence micro-batch 1 by default.
+    prefix: prompt_kv of the prompt that every row of the batch shares; the forward then runs over
+    the prompt's last token and the completions only."""
     ids, attn, pos, cmask, P = batch
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                   logits_to_keep=cmask.shape[1] + 1).logits[:, :-1].float() / temperature
+    start, cache = 0, {}
+    if prefix is not None:
+        start, B = P - 1, ids.shape[0]
+        cache = {prefix_cache.cache_keyword(model): prefix_cache.shifted_cache([prefix] * B, [0] * B, start)}
+    logits = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=pos[:, start:],
+                   logits_to_keep=cmask.shape[1] + 1, **cache).logits[:, :-1].float() / temperature
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     logp = logits.gather(-1, ids[:, P:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return logp.masked_fill(cmask == 0, 0.0)
 
 
+def detached(kv):
+    """Leaf copies of a prompt's KV cache: each sample's backward stops at them, summing its
+    gradient there, and backward_prompt then sends the sum through the prompt's forward once."""
+    return [tuple(t.detach().requires_grad_() for t in layer) for layer in kv]
+
+
+def backward_prompt(kv, leaves):
+    """Backpropagate the gradient that the samples left on `leaves` through the prompt's forward."""
+    pairs = [(t, leaf.grad) for layer, lay in zip(kv, leaves) for t, leaf in zip(layer, lay)
+             if leaf.grad is not None]
+    if pairs:
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def checkpointing(model):
+    """Whether gradient checkpointing is on: a checkpointed layer drops a cache passed to it, so
+    the training pass cannot reuse a prompt's forward then (generation and no-grad passes can)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
 @torch.no_grad()
-def sample(model, backend, prompts, n, *, temperature, max_new_tokens, batch_size, allowed=None):
+def sample(model, backend, prompts, n, *, temperature, max_new_tokens, batch_size, allowed=None,
+           share_prompt=True):
     """n completions of each prompt (token ids) -> prompt-major list of {prompt, completion, text}.
-    Completions end at the first stop token (kept) and carry no padding."""
+    Completions end at the first stop token (kept) and carry no padding. share_prompt: each
+    prompt's forward runs once and its n rows generate from its KV cache."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
     class OnlyAllowed(LogitsProcessor):  # the votes format: only the bin digits may be sampled
@@ -153,7 +193,16 @@ def sample(model, backend, prompts, n, *, temperature, max_new_tokens, batch_siz
                                      backend.pad_id, model.device)
         budget = max(1, min(max_new_tokens, backend.context_length - ids.shape[1]))
         t0 = time.perf_counter()
-        gen = model.generate(input_ids=ids, attention_mask=attn,
+        cache = {}
+        if share_prompt and min(len(p) for p in chunk) > 1:
+            kvs = {}
+            for p in chunk:
+                if tuple(p) not in kvs:
+                    kvs[tuple(p)] = prompt_kv(model, p)
+            width, pads = prefix_cache.cache_columns(chunk, [len(p) - 1 for p in chunk])
+            cache = {prefix_cache.cache_keyword(model):
+                     prefix_cache.shifted_cache([kvs[tuple(p)] for p in chunk], pads, width)}
+        gen = model.generate(input_ids=ids, attention_mask=attn, **cache,
                              max_new_tokens=budget, eos_token_id=backend.stop_ids,
                              pad_token_id=backend.pad_id, use_cache=True,
                              logits_processor=LogitsProcessorList([OnlyAllowed()] if allowed is not None else []),

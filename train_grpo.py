@@ -75,8 +75,9 @@ import forecaster
 import forecaster_backends
 import metrics
 import metrics_io
-from grpo_policy import (DIGITS, add_lora, collate, completion_logprobs, load_base,  # noqa: F401
-                         make_prompt_fn, parse_votes, sample)
+from grpo_policy import (DIGITS, add_lora, backward_prompt, checkpointing, collate,  # noqa: F401
+                         completion_logprobs, detached, load_base, make_prompt_fn, parse_votes,
+                         prompt_kv, sample)
 
 REQUIRED_FIELDS = ("pack", "anchor_code", "candidate_code", "aggregated_speedup")
 REWARDS = ("correctness", "brier", "crps")
@@ -352,7 +353,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         rows = rows[acc.process_index::acc.num_processes]
         # 1. sample G completions per prompt with the current policy; parse; reward
         samples = sample(model, backend, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
-                         max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed)
+                         max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed,
+                         share_prompt=not args.no_prefix_cache)
         rewards, totals = [], {}
         for i, row in enumerate(rows):
             r, stats = score_samples([parse(s["text"]) for s in samples[i * G:(i + 1) * G]],
@@ -362,7 +364,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # 2. advantages; groups with equal rewards carry no signal and are dropped
         adv, keep = group_advantages(rewards, args.scale_std)
         kept = [dict(s, adv=float(adv[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
-        batches = [kept[j:j + mb] for j in range(0, len(kept), mb)]
+        # micro-batches never mix prompts: with `share`, each prompt's forward runs once per pass
+        # and serves all of its group's micro-batches (grpo_policy.prompt_kv)
+        share = not args.no_prefix_cache and not checkpointing(model)
+        batches = [kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
         local = torch.tensor([sum(len(s["completion"]) for s in kept), len(batches)],
                              device=device)
         n_tokens = int(acc.reduce(local[:1].clone(), "sum"))
@@ -370,31 +375,53 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # DDP needs the same number of backward passes on every process: pad with zero-weight ones
         batches += [[dict(samples[0], adv=0.0, filler=True)]] * (n_micro - len(batches))
         # 3. old (and reference) log-probs of the sampled tokens, before any update
-        prepared = []
+        prepared, kv_of = [], {}
         with torch.no_grad():
             for b in batches:
                 t = collate(b, backend.pad_id, device)
                 if b[0].get("filler"):
                     t = t[:3] + (torch.zeros_like(t[3]), t[4])
-                old = completion_logprobs(model, t, args.temperature, allowed)
+                key = tuple(b[0]["prompt"])
+                if share and key not in kv_of:
+                    kv_of[key] = (prompt_kv(model, b[0]["prompt"]), None)
+                    if args.kl_coef > 0:
+                        with model.disable_adapter():
+                            kv_of[key] = (kv_of[key][0], prompt_kv(model, b[0]["prompt"]))
+                kv, ref_kv = kv_of.get(key, (None, None))
+                old = completion_logprobs(model, t, args.temperature, allowed, prefix=kv)
                 ref = None
                 if args.kl_coef > 0:
                     with model.disable_adapter():
-                        ref = completion_logprobs(model, t, args.temperature, allowed)
-                prepared.append((t, old, ref, torch.tensor([s["adv"] for s in b], device=device)))
+                        ref = completion_logprobs(model, t, args.temperature, allowed, prefix=ref_kv)
+                prepared.append((t, old, ref, torch.tensor([s["adv"] for s in b], device=device), key))
+        del kv_of
         # 4. --ppo-epochs optimiser steps on these samples, each accumulating every micro-batch
         loss_sum, clipped, kl, grad_norm = 0.0, 0.0, 0.0, None
         for _ in range(args.ppo_epochs if n_tokens > 0 else 0):
-            for j, (t, old, ref, a) in enumerate(prepared):
-                sync = acc.no_sync(wrapped) if j < len(prepared) - 1 else contextlib.nullcontext()
-                with sync:
-                    logp = completion_logprobs(wrapped, t, args.temperature, allowed)
+            prompt = None  # (prompt KV with its graph, detached leaves) of the current group
+            for j, (t, old, ref, a, key) in enumerate(prepared):
+                # a shared prompt's gradient arrives in parts (samples, then the prompt), which DDP's
+                # all-reduce on the first backward cannot follow: averaged by hand below instead
+                last = j == len(prepared) - 1 and not share
+                with contextlib.nullcontext() if last else acc.no_sync(wrapped):
+                    if share and prompt is None:
+                        kv = prompt_kv(wrapped, list(key))
+                        prompt = (kv, detached(kv))
+                    logp = completion_logprobs(wrapped, t, args.temperature, allowed,
+                                               prefix=prompt[1] if share else None)
                     loss, st = grpo_loss(logp, old, a, t[3], n_tokens / acc.num_processes,
                                          args.clip_eps, ref, args.kl_coef)
                     acc.backward(loss)
+                    if share and (j == len(prepared) - 1 or prepared[j + 1][4] != key):
+                        backward_prompt(*prompt)  # the group's last micro-batch
+                        prompt = None
                 loss_sum += loss.detach().item() / args.ppo_epochs
                 clipped += st["clipped"] / args.ppo_epochs
                 kl += st.get("kl", 0.0) / args.ppo_epochs
+            if share and acc.num_processes > 1:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad = acc.reduce(p.grad, "mean")
             grad_norm = float(acc.clip_grad_norm_(params, args.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -469,7 +496,11 @@ def build_parser():
     a("--micro-batch-size", type=int, default=1, help="sequences per forward/backward (default 1)")
     a("--gen-batch-size", type=int, default=64, help="sequences generated at once (default 64)")
     a("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm (default 1.0)")
-    a("--no-gradient-checkpointing", action="store_true", help="faster on a GPU, more memory")
+    a("--no-gradient-checkpointing", action="store_true", help="faster on a GPU, more memory; "
+      "lets the training pass share each prompt's forward too (a checkpointed layer drops caches)")
+    a("--no-prefix-cache", action="store_true", help="run every sample's prompt forward separately "
+      "(by default the G samples of a group share one, in generation and the log-prob passes); "
+      "for comparison")
     a("--seed", type=int, default=0, help="seed of shuffle, split and sampling (default 0)")
     a("--holdout-task", default=None, help="evaluate on this task's rows, train on the others")
     a("--eval-fraction", type=float, default=0.0, help="or evaluate on this fraction of the rows")
