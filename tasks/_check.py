@@ -1,6 +1,6 @@
 """Output checks shared by every task: exact types first, then values.
 
-The type checks close the lazy-output and silent-downgrade holes (MEASUREMENT_PITFALLS #4, #8):
+The type checks close the lazy-output and silent-downgrade holes (docs/MEASUREMENT.md):
 a candidate must return plain, dense torch.Tensor objects with the reference's dtype, shape and
 device. Values are compared with torch.isclose semantics, and NaN/inf must appear exactly where
 the reference has them, so a NaN-poisoned, unwritten output element always fails.
