@@ -71,11 +71,14 @@ CONFIRM_SPEEDUP = 10.0        # above this, a second, fresh measurement must agr
 # The smallest excess of a candidate block over its paired reference block (in ms) that the
 # parent's clock acts on: below it lies the noise of pipes and scheduling.
 CLOCK_FLOOR_MS = {"cuda": 0.05, "cpu": 0.3}
-BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}   # inputs + outputs one block may hold
-BLOCK_CALLS = {"cuda": 10, "cpu": 2}
-REPS = {  # (seconds per case and side, min calls, max calls), normal and --quick
-    ("cuda", False): (2.0, 10, 100), ("cuda", True): (0.5, 6, 20),
-    ("cpu", False): (1.0, 3, 15), ("cpu", True): (0.3, 2, 6),  # CPU: process CPU time
+# A timed block holds enough calls that the reference's compute in it (BLOCK_MS) stands well above
+# the noise of the parent's clock, within a memory budget for the block's inputs and outputs.
+BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}
+BLOCK_MS = {"cuda": 2.0, "cpu": 10.0}
+BLOCK_CALLS = {"cuda": 10, "cpu": 16}
+REPS = {  # (seconds per case and side, min blocks, max blocks), normal and --quick
+    ("cuda", False): (2.0, 5, 20), ("cuda", True): (0.5, 3, 6),
+    ("cpu", False): (1.0, 3, 8), ("cpu", True): (0.3, 3, 4),
 }
 
 
@@ -145,6 +148,7 @@ def screen_source(source):
 
 _REFERENCE = {}
 _SPARE = {}
+_MEASURED = 0
 _TMP = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
 
 
@@ -174,7 +178,10 @@ def _candidate_worker(task, device, sandboxed, memory_bytes):
     if w is None or not w.alive():
         w = _new_candidate_worker(task, device, sandboxed)
     w.memory_bytes = memory_bytes
-    _top_up_spares(task, device, sandboxed)
+    global _MEASURED
+    if _MEASURED:  # a process that measures again will likely go on: boot the next ones now
+        _top_up_spares(task, device, sandboxed)
+    _MEASURED += 1
     return w
 
 
@@ -280,8 +287,8 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
 def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, sandboxed):
     """One measurement in a fresh candidate worker; a dict of Measurement fields."""
     for attempt in (0, 1):
+        cand = _candidate_worker(task.NAME, device, sandboxed, memory_bytes)  # boots while the reference does
         ref, ready = _reference_worker(task.NAME, device)
-        cand = _candidate_worker(task.NAME, device, sandboxed, memory_bytes)
         try:
             return _Session(task, ref, ready, cand, device, scale, timeout_s, quick).run(source)
         except HarnessError:
@@ -301,7 +308,7 @@ class _Session:
         self.check_cases = task.CHECK_CASES if scale == "benchmark" else task.CPU_CHECK_CASES
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
-        self.block_id, self.bytes_per_call, self.wall_s = 0, {}, 0.0
+        self.block_id, self.bytes_per_call, self.call_ms, self.wall_s = 0, {}, {}, 0.0
         self.files = tempfile.mkdtemp(dir=_TMP, prefix="handover-")
 
     def run(self, source):
@@ -335,20 +342,24 @@ class _Session:
 
     def pair(self, case, n, cand_first):
         """Run n calls on fresh seeds on both sides; verify one call of the candidate's, picked
-        after its calls ran. Returns (ref_ms, ref_window_ms, cand_ms, cand_window_ms)."""
+        after its calls ran and it committed to all of them. Returns (ref_ms, ref_window_ms,
+        cand_ms, cand_window_ms)."""
         self.block_id += 1
         seeds = [secrets.randbits(31) for _ in range(n)]
-        pick = dict(index=secrets.randbelow(n), a=secrets.randbits(40) | 1, b=secrets.randbits(40))
+        keys = dict(a=secrets.randbits(40) | 1, b=secrets.randbits(40))
         sides = ("cand", "ref") if cand_first else ("ref", "cand")
-        res = {side: self.block(side, case, seeds, pick) for side in sides}
+        res = {side: self.block(side, case, seeds, keys) for side in sides}
         ref_ms, ref_win, ref_commit = res["ref"]
         cand_ms, cand_win, commit = res["cand"]
         self.bytes_per_call[case_str(case)] = ref_commit["bytes_per_call"]
-        self.verify(case, pick, ref_commit["spec"], commit)
+        # Per-call times of either side as the parent's clock sees them: they size the timed blocks.
+        per_call = max(sum(ref_ms), cand_win - (ref_win - sum(ref_ms))) / n
+        self.call_ms[case_str(case)] = min(per_call, self.call_ms.get(case_str(case), math.inf))
+        self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
         return ref_ms, ref_win, cand_ms, cand_win
 
-    def block(self, side, case, seeds, pick):
-        """Block + commit, timed by the parent's clock from the command to the commitment."""
+    def block(self, side, case, seeds, keys):
+        """Block + commitment, timed by the parent's clock from the command to the commitment."""
         w = self.ref if side == "ref" else self.cand
         deadline = self.deadline if side == "cand" else time.monotonic() + 600
         cmd = {"id": self.block_id}
@@ -356,7 +367,7 @@ class _Session:
             t0, c0 = time.monotonic(), (w.cpu_ms() if self.device == "cpu" else 0.0)
             w.send({**cmd, "op": "block", "case": case, "seeds": seeds})
             ran = w.recv(deadline, "ran")
-            w.send({**cmd, "op": "commit", **pick})
+            w.send({**cmd, "op": "commit", **keys})
             commit = w.recv(deadline, "committed")
             # The parent's clock: wall time on a GPU; on CPU the kernel's account of the CPU time
             # the worker's whole process tree used (the workers' timers measure CPU time there).
@@ -388,11 +399,11 @@ class _Session:
                 if not isinstance(got, dict) or got.get(field) != exp[field]:
                     value = got.get(field) if isinstance(got, dict) else got
                     raise _Outcome("incorrect", f"{where}: output[{i}] {field} {value}, expected {exp[field]}")
-        out_digest, in_digest = commit.get("out_digest"), commit.get("in_digest")
-        if not (isinstance(out_digest, list) and isinstance(in_digest, list)):
+        digests = commit.get("out_digests")
+        if not isinstance(digests, list) or pick["index"] >= len(digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (no fingerprint)")
         n = sum(_nbytes(s) for s in ref_spec)
-        self.cand.send({"id": self.block_id, "op": "handover", "index": pick["index"]})
+        self.cand.send({"id": self.block_id, "op": "handover", **pick})
         header = self.cand.recv(self.deadline, "bytes")
         if header.get("n") != n:
             raise _Outcome("incorrect", f"{where}: handed over {header.get('n')} bytes of output; the reference's take {n}")
@@ -400,8 +411,8 @@ class _Session:
         with open(path, "wb") as f:
             f.write(self.cand.recv_bytes(n, self.deadline))
         try:
-            self.ref.send({"id": self.block_id, "op": "check", "path": path, "out_digest": out_digest,
-                              "in_digest": in_digest, **pick})
+            self.ref.send({"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
+                           "in_digest": header.get("in_digest"), **pick})
             verdict = self.ref.recv(time.monotonic() + 600, "checked")
         except WorkerFailed as e:
             raise HarnessError(f"the reference worker failed checking {where}: {e.message}") from None
@@ -413,20 +424,20 @@ class _Session:
     # -- timing one case ----------------------------------------------------------------------------
 
     def time_case(self, case):
-        budget, min_calls, max_calls = REPS[(self.device, self.quick)]
-        per_call = max(1, self.bytes_per_call.get(case_str(case), 1))
-        block_calls = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call))
+        budget, min_blocks, max_blocks = REPS[(self.device, self.quick)]
+        per_call_bytes = max(1, self.bytes_per_call.get(case_str(case), 1))
+        call_ms = max(1e-3, self.call_ms.get(case_str(case), 1.0))
+        n = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call_bytes,
+                       math.ceil(BLOCK_MS[self.device] / call_ms)))
         if self.device == "cuda":  # warm up by time (clocks, caches); on CPU the checks warmed up
             warm_until = time.monotonic() + 0.025
             while True:
-                self.pair(case, block_calls, cand_first=secrets.randbits(1))
+                self.pair(case, n, cand_first=secrets.randbits(1))
                 if time.monotonic() >= warm_until:
                     break
         ref_t, cand_t, ref_over, cand_over = [], [], [], []
         start = self.wall_s
-        while len(cand_t) < max_calls and (len(cand_t) < min_calls or self.wall_s - start < budget / 2):
-            spent = self.wall_s - start
-            n = min(block_calls, max_calls - len(cand_t), max(1, min_calls - len(cand_t)) if spent >= budget / 2 else block_calls)
+        while len(ref_over) < max_blocks and (len(ref_over) < min_blocks or self.wall_s - start < budget):
             ref_ms, r_win, cand_ms, c_win = self.pair(case, n, cand_first=len(ref_over) % 2)
             ref_t += ref_ms
             cand_t += cand_ms
@@ -449,7 +460,7 @@ class _Session:
                          "parent's clock saw; added to the candidate's time")
         row = dict(case=case, reference_ms=_median(ref_t), candidate_ms=_median(cand_t),
                    reference_spread=_spread(ref_t), candidate_spread=_spread(cand_t), reps=len(cand_t),
-                   block_calls=block_calls, clock_excess_ms=round(mean, 4), flags=flags)
+                   block_calls=n, clock_excess_ms=round(mean, 4), flags=flags)
         if row["candidate_ms"] <= 0:
             raise _Outcome("rejected", f"{case_str(case)}: a timed call took no measurable time")
         row["speedup"] = row["reference_ms"] / row["candidate_ms"]

@@ -39,6 +39,7 @@ MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
 MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood
 MAX_PROCS = 64                # processes in one sandbox (the worker, Triton's compiler, ...)
 WATCH_EVERY = 0.05            # seconds between two looks at the process tree
+_LIBC = ctypes.CDLL(None, use_errno=True)
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or pass "
                 "--unsafe-no-sandbox (candidate code then runs unconfined, as you)")
 
@@ -95,7 +96,10 @@ def worker_env(device, tmp):
     env.update(HOME=tmp, TMPDIR=tmp, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
                TRITON_CACHE_DIR=os.path.join(tmp, "triton"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               # glibc keeps freed memory instead of returning it to the system, so that what a
+               # kernel frees does not turn into page faults in the harness's next allocation
+               MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: the worker has no GPU
     return env
@@ -125,7 +129,7 @@ def require_sandbox():
 def _die_with_parent():
     """In the child before exec: SIGKILL when the parent dies (the unsandboxed workers). The
     signal follows the thread that started the child, so start workers from a long-lived thread."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,16 +254,12 @@ class WorkerProcess:
         return pids
 
     def cpu_ms(self):
-        """CPU time the worker's process tree has used, from the kernel's accounting (every
-        thread's run time in ns, plus what reaped children used), which no process can forge."""
+        """CPU time the worker's process tree has used, from the kernel's accounting, which no
+        process can forge: each process's CPU clock (all its threads, exited ones included) plus
+        what its reaped children used."""
         total_ns = 0
         for pid in self.tree():
-            for stat in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-                try:
-                    with open(stat) as f:
-                        total_ns += int(f.read().split()[0])
-                except (OSError, ValueError, IndexError):
-                    pass
+            total_ns += _process_cpu_ns(pid)
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -305,6 +305,18 @@ class WorkerProcess:
                 f.close()
             except OSError:
                 pass
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _process_cpu_ns(pid):
+    """The CPU clock of another process (clock_getcpuclockid), in ns; 0 once it is gone."""
+    clock, ts = ctypes.c_int(), _Timespec()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) or _LIBC.clock_gettime(clock, ctypes.byref(ts)):
+        return 0
+    return ts.tv_sec * 10**9 + ts.tv_nsec
 
 
 def _memory_bytes(pid):

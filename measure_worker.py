@@ -218,28 +218,32 @@ class Worker:
         return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": nbytes}
 
     def commit(self, cmd):
-        """Fingerprint the outputs and inputs of the call the parent picked; describe every
-        output of the block (the parent rejects lazy, non-contiguous or mistyped ones)."""
-        bid, _, _, inputs, outs = self._block(cmd)
-        j = cmd["index"]
+        """Fingerprint the outputs of every call of the block, keyed by numbers the parent drew
+        after the calls returned; describe every output (the parent rejects lazy, non-contiguous
+        or mistyped ones). Which call will be handed over is not known yet: to pass, all of them
+        must hold the right answer now."""
+        bid, _, _, _, outs = self._block(cmd)
         if self.device == "cuda":
             import torch
             torch.cuda.synchronize()
         specs = [spec_of(o) for o in outs]
         bad = next((s for s in specs if not all(x["plain"] and x.get("contiguous") for x in s)), None)
-        reply = {"op": "committed", "id": bid, "spec": specs[j], "bad_spec": bad}
+        reply = {"op": "committed", "id": bid, "spec": specs[0], "bad_spec": bad}
         if bad is None:
-            reply["out_digest"] = digest(tensors_of(outs[j]), cmd["a"], cmd["b"])
-            reply["in_digest"] = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
+            reply["out_digests"] = [digest(tensors_of(o), cmd["a"], cmd["b"]) for o in outs]
         return reply
 
     def handover(self, cmd):
-        """The raw bytes of the picked call's outputs, one tensor after the other."""
-        _, _, _, _, outs = self._block(cmd)
-        chunks = [t.detach().contiguous().reshape(-1).view(__import__("torch").uint8).cpu().numpy().tobytes()
-                  for t in tensors_of(outs[cmd["index"]])]
-        payload = b"".join(chunks)
-        self.send({"op": "bytes", "id": cmd["id"], "n": len(payload)}, payload)
+        """The raw bytes of the picked call's outputs, one tensor after the other, and the
+        fingerprint of that call's inputs as they are now (the reference compares it with the
+        pristine inputs)."""
+        import torch
+        _, _, _, inputs, outs = self._block(cmd)
+        j = cmd["index"]
+        payload = b"".join(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+                           for t in tensors_of(outs[j]))
+        in_digest = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
+        self.send({"op": "bytes", "id": cmd["id"], "n": len(payload), "in_digest": in_digest}, payload)
 
     def check(self, cmd):
         """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the

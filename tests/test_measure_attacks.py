@@ -70,10 +70,6 @@ def attack(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def _not_inflated(m):
-    return m.status != "ok" or m.speedup < HONEST
-
-
 # ---- class 1: tampering inside the worker ---------------------------------------------------------
 
 def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
@@ -86,6 +82,17 @@ def test_a_forged_timer_is_overruled_by_the_parents_clock(attack):
     assert m.status == "ok", m.message  # it computes honestly: it is correct, just not fast
     assert m.speedup < HONEST, m.cases
     assert any("parent's clock" in f for f in m.flags), m.flags
+
+
+def test_work_in_threads_that_exit_still_counts(attack):
+    m = attack("work_in_exiting_threads")
+    assert m.status == "ok" and m.speedup < HONEST, (m.status, m.message, m.speedup)
+    assert any("parent's clock" in f for f in m.flags), m.flags
+
+
+def test_computing_only_the_handed_over_call_is_a_forgery(attack):
+    m = attack("defer_to_handover")
+    assert m.status == "rejected" and "committed" in m.message, m.message
 
 
 @pytest.mark.parametrize("name", ["setprofile_sleep", "torch_library_override"])
@@ -140,7 +147,7 @@ def test_forged_replies_are_not_believed(attack):
 
 def test_half_a_reply_then_silence_times_out(attack):
     t0 = time.monotonic()
-    m = attack("silent_header", timeout_s=8)
+    m = attack("silent_header", timeout_s=4)
     assert m.status == "timeout", m.message
     assert time.monotonic() - t0 < 30
 
