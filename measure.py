@@ -346,7 +346,7 @@ class _Session:
         cand_ms, cand_window_ms)."""
         self.block_id += 1
         seeds = [secrets.randbits(31) for _ in range(n)]
-        keys = dict(a=secrets.randbits(40) | 1, b=secrets.randbits(40))
+        keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
         sides = ("cand", "ref") if cand_first else ("ref", "cand")
         res = {side: self.block(side, case, seeds, keys) for side in sides}
         ref_ms, ref_win, ref_commit = res["ref"]

@@ -280,6 +280,26 @@ def test_physical_floor_uses_the_faster_of_datasheet_and_measured_bandwidth():
     assert measure.physical_floor_ms(gb, "Some Future GPU", None) is None
 
 
+def test_gpu_fingerprint_is_exact_whatever_the_chunking(monkeypatch):
+    """The fingerprint the GPU path commits to (run here on CPU tensors) against big-integer
+    arithmetic: exact, independent of the chunk size, and changed by a single flipped bit."""
+    import numpy as np
+    import torch
+
+    import measure_worker
+    raw = torch.randint(0, 256, (100_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    a, b = (1 << 20) - 1, (1 << 40) - 3
+    w = ((np.arange(raw.numel(), dtype=np.int64) * a + b) >> 7) & 0xFFFF
+    expected = sum(int(x) * int(y) for x, y in zip(raw.tolist(), w.tolist()))
+    assert measure_worker.weighted_sum(raw, a, b) == expected
+    monkeypatch.setattr(measure_worker, "DIGEST_CHUNK", 4096)
+    assert measure_worker.weighted_sum(raw, a, b) == expected
+    i = int(np.flatnonzero(w)[123])
+    flipped = raw.clone()
+    flipped[i] ^= 1
+    assert measure_worker.weighted_sum(flipped, a, b) != expected
+
+
 # ---- command line ---------------------------------------------------------------------------
 
 def cli(*args):
