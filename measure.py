@@ -71,6 +71,7 @@ CONFIRM_SPEEDUP = 10.0        # above this, a second, fresh measurement must agr
 # The smallest excess of a candidate block over its paired reference block (in ms) that the
 # parent's clock acts on: below it lies the noise of pipes and scheduling.
 CLOCK_FLOOR_MS = {"cuda": 0.05, "cpu": 0.3}
+CLOCK_FLOOR_REL = 0.1
 # A timed block holds enough calls that the reference's compute in it (BLOCK_MS) stands well above
 # the noise of the parent's clock, within a memory budget for the block's inputs and outputs.
 BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}
@@ -224,16 +225,19 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
     unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
     """
-    import torch
+    from tasks import TASK_NAMES, get_task
 
-    from tasks import get_task
-
-    task_module = get_task(task)  # ValueError for an unknown task
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cuda", "cpu"):
+    # The parent never imports the task module or, on CPU, torch: the workers do (and boot faster
+    # for it), and the reference worker tells the parent what it needs to know of the task.
+    if task not in TASK_NAMES:
+        get_task(task)  # raises the ValueError that names the valid tasks
+    if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    if device != "cpu":
+        import torch
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
     scale = scale or ("benchmark" if device == "cuda" else "cpu")
     if scale not in ("benchmark", "cpu"):
         raise ValueError(f"scale must be 'benchmark' or 'cpu', got {scale!r}")
@@ -244,14 +248,14 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     sha = hashlib.sha256(source.encode()).hexdigest()
     device_name = _device_name(device)
     sandbox = "none (--unsafe-no-sandbox)" if unsafe_no_sandbox else "bubblewrap"
-    base = dict(task=task_module.NAME, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
+    base = dict(task=task, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
                 timer="cuda-events" if device == "cuda" else "cpu-time (Triton interpreter; not GPU times)")
 
     reason = screen_source(source)
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    key = hashlib.sha256(json.dumps([task_module.NAME, sha, device_name, scale, sandbox, HARNESS_VERSION]).encode())
+    key = hashlib.sha256(json.dumps([task, sha, device_name, scale, sandbox, HARNESS_VERSION]).encode())
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
@@ -260,7 +264,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
             pass  # an unreadable entry is measured again
 
     start = time.perf_counter()
-    run = dict(task=task_module, source=source, device=device, scale=scale, timeout_s=timeout_s,
+    run = dict(task=task, source=source, device=device, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
     result = _measure_once(**run)
     if result["status"] == "ok" and result["speedup"] > CONFIRM_SPEEDUP:
@@ -287,12 +291,15 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
 def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, sandboxed):
     """One measurement in a fresh candidate worker; a dict of Measurement fields."""
     for attempt in (0, 1):
-        cand = _candidate_worker(task.NAME, device, sandboxed, memory_bytes)  # boots while the reference does
-        ref, ready = _reference_worker(task.NAME, device)
+        cand = _candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
         try:
-            return _Session(task, ref, ready, cand, device, scale, timeout_s, quick).run(source)
+            ref, ready = _reference_worker(task, device)
+            return _Session(ref, ready, cand, device, scale, timeout_s, quick).run(source)
         except HarnessError:
-            ref.kill()  # restart the trusted side once: a transient failure must not stop a search
+            # Restart the trusted side once: a transient failure must not stop a search.
+            for w, _ in _REFERENCE.values():
+                w.kill()
+            _REFERENCE.clear()
             if attempt:
                 raise
         finally:
@@ -302,10 +309,12 @@ def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, s
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, task, ref, ready, cand, device, scale, timeout_s, quick):
-        self.task, self.ref, self.cand, self.device, self.quick = task, ref, cand, device, quick
-        self.timed_cases = task.BENCHMARK_CASES if scale == "benchmark" else task.CPU_CASES
-        self.check_cases = task.CHECK_CASES if scale == "benchmark" else task.CPU_CHECK_CASES
+    def __init__(self, ref, ready, cand, device, scale, timeout_s, quick):
+        self.ref, self.cand, self.device, self.quick = ref, cand, device, quick
+        cases = ready["cases"]
+        self.timed_cases = cases["benchmark"] if scale == "benchmark" else cases["cpu"]
+        self.check_cases = cases["check"] if scale == "benchmark" else cases["cpu_check"]
+        self.min_bytes = dict(zip(map(case_str, cases["benchmark"]), ready["min_bytes"]))
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
         self.block_id, self.bytes_per_call, self.call_ms, self.wall_s = 0, {}, {}, 0.0
@@ -402,7 +411,7 @@ class _Session:
         digests = commit.get("out_digests")
         if not isinstance(digests, list) or pick["index"] >= len(digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (no fingerprint)")
-        n = sum(_nbytes(s) for s in ref_spec)
+        n = sum(s["nbytes"] for s in ref_spec)  # sizes come from the trusted side
         self.cand.send({"id": self.block_id, "op": "handover", **pick})
         header = self.cand.recv(self.deadline, "bytes")
         if header.get("n") != n:
@@ -435,7 +444,7 @@ class _Session:
                 self.pair(case, n, cand_first=secrets.randbits(1))
                 if time.monotonic() >= warm_until:
                     break
-        ref_t, cand_t, ref_over, cand_over = [], [], [], []
+        ref_t, cand_t, ref_over, cand_over, ref_win = [], [], [], [], []
         start = self.wall_s
         while len(ref_over) < max_blocks and (len(ref_over) < min_blocks or self.wall_s - start < budget):
             ref_ms, r_win, cand_ms, c_win = self.pair(case, n, cand_first=len(ref_over) % 2)
@@ -443,17 +452,19 @@ class _Session:
             cand_t += cand_ms
             ref_over.append(r_win - sum(ref_ms))
             cand_over.append(c_win - sum(cand_ms))
+            ref_win.append(r_win)
         # The parent's clock. A block costs the harness (inputs, L2 flushes, fingerprint, pipes)
         # the same on both sides; what a candidate block costs beyond its paired reference block
         # is work the candidate's own timer did not see (another stream, a thread, a forged
-        # clock). When that excess stands out of the clock's noise (three standard errors, and
-        # at least CLOCK_FLOOR_MS a block), it is added to the candidate's calls. Random delays
-        # do not help a forger: they raise the mean excess along with its noise.
+        # clock). When that excess stands out of the clock's noise (three standard errors, at
+        # least CLOCK_FLOOR_MS and CLOCK_FLOOR_REL of the reference's block), it is added to the
+        # candidate's calls. Random delays do not help a forger: they raise the mean excess along
+        # with its noise.
         excess = [c - r for c, r in zip(cand_over, ref_over)]
         mean = sum(excess) / len(excess)
         se = statistics.stdev(excess) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0
         flags = []
-        if mean > max(CLOCK_FLOOR_MS[self.device], 3 * se):
+        if mean > max(CLOCK_FLOOR_MS[self.device], CLOCK_FLOOR_REL * _median(ref_win), 3 * se):
             per_call = mean * len(excess) / len(cand_t)
             cand_t = [t + per_call for t in cand_t]
             flags.append(f"{case_str(case)}: the worker's timer missed {per_call:.3f} ms per call that the "
@@ -472,12 +483,13 @@ class _Session:
         if self.device != "cuda":
             return
         import torch
-        floor_ms = physical_floor_ms(self.task.min_bytes(case), torch.cuda.get_device_name(0), self.bandwidth)
+        min_bytes = self.min_bytes.get(case_str(case))
+        floor_ms = physical_floor_ms(min_bytes, torch.cuda.get_device_name(0), self.bandwidth) if min_bytes else None
         if floor_ms is not None:
             row["floor_ms"] = floor_ms
             if row["candidate_ms"] < floor_ms:
                 raise _Outcome("rejected", f"{case_str(case)}: {row['candidate_ms']:.4f} ms is below the physical "
-                                           f"floor {floor_ms:.4f} ms of this GPU ({self.task.min_bytes(case) / 1e9:.2f} GB "
+                                           f"floor {floor_ms:.4f} ms of this GPU ({min_bytes / 1e9:.2f} GB "
                                            "of unavoidable memory traffic): impossible")
 
 
@@ -503,12 +515,6 @@ def _describe(spec):
         else:
             parts.append(f"{s.get('dtype')} {s.get('shape')}")
     return "; ".join(parts) or "nothing"
-
-
-def _nbytes(spec):
-    import torch
-    dtype = getattr(torch, spec["dtype"].removeprefix("torch."))
-    return math.prod(spec["shape"]) * torch.empty((), dtype=dtype).element_size()
 
 
 def _device_name(device):
@@ -551,7 +557,7 @@ def format_table(m):
         lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s")
     lines += [f"flag: {f}" for f in m.flags]
     if m.timer.startswith("cpu"):
-        lines.append("note: CPU wall-clock times of interpreted kernels; they say nothing about GPU speed.")
+        lines.append("note: CPU times of interpreted kernels; they say nothing about GPU speed.")
     return "\n".join(lines)
 
 

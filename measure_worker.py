@@ -93,6 +93,7 @@ def spec_of(out):
     items = out if isinstance(out, (tuple, list)) else (out,)
     return [{"type": type(t).__name__, "plain": type(t) is torch.Tensor,
              **({"dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.type,
+                 "nbytes": t.numel() * t.element_size(),
                  "contiguous": t.is_contiguous(), "strided": t.layout == torch.strided}
                 if isinstance(t, torch.Tensor) else {})} for t in items]
 
@@ -310,8 +311,13 @@ def main():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     worker = Worker(role, task_name, device, out)
     ready = {"op": "ready", "role": role, "pid": os.getpid()}
-    if role == "reference" and device == "cuda":
-        ready["copy_bandwidth"] = copy_bandwidth()
+    if role == "reference":  # what the parent needs of the task, so that it never imports it
+        t = worker.task
+        ready["cases"] = {"benchmark": t.BENCHMARK_CASES, "check": t.CHECK_CASES,
+                          "cpu": t.CPU_CASES, "cpu_check": t.CPU_CHECK_CASES}
+        ready["min_bytes"] = [t.min_bytes(c) for c in t.BENCHMARK_CASES]
+        if device == "cuda":
+            ready["copy_bandwidth"] = copy_bandwidth()
     worker.send(ready)
     handlers = {"load": worker.load, "block": worker.run_block, "commit": worker.commit,
                 "handover": worker.handover, "check": worker.check}
