@@ -1,4 +1,4 @@
-"""forecast_prompt.py: what the forecaster sees (PAPER_FACTS §3).
+"""forecast_prompt.py: what the forecaster sees (docs/PAPER.md §3).
 
 A "GPU execution simulator" system message with the speedup definition and the bin table, a user
 message with the task name and description (from tasks/), the reference kernel fenced as python,
@@ -17,7 +17,7 @@ PROB_FIELDS = tuple("p_" + name.replace(" ", "_") for name in metrics.BIN_NAMES)
 
 # ---- hardware -------------------------------------------------------------------------------------
 
-# Datasheet values. a100-80gb is the paper's (PAPER_FACTS section 3); memory clocks are the HBM
+# Datasheet values. a100-80gb is the paper's (docs/PAPER.md §3); memory clocks are the HBM
 # clock in GHz as nvidia-smi reports it.
 HARDWARE_PROFILES = {
     "a100-80gb": dict(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_gb=80,
@@ -128,7 +128,7 @@ def _user_parts(task, reference_code, candidate_code, hardware):
 
 
 def build_messages(task, reference_code, candidate_code, hardware=None):
-    """System and user messages of one forecast (PAPER_FACTS section 3). `hardware` is a dict
+    """System and user messages of one forecast (docs/PAPER.md §3). `hardware` is a dict
     from hardware_info() (default: hardware_info())."""
     hardware = hardware_info() if hardware is None else hardware
     shared, candidate = _user_parts(task, reference_code, candidate_code, hardware)
