@@ -67,7 +67,7 @@ def add_lora(model, args, device):
     is_gpt_oss = model.config.model_type == "gpt_oss"
     lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
                       target_modules=args.lora_targets.split(","), task_type="CAUSAL_LM",
-                      # the experts are 3-d parameters, not modules (ENVIRONMENT.md)
+                      # the experts are 3-d parameters, not modules: peft rejects target_modules=["experts"]
                       target_parameters=(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
                                          if is_gpt_oss and not args.no_expert_lora else None))
     model = get_peft_model(model, lora).to(device)
