@@ -1,7 +1,7 @@
 """metrics_io.py: prediction files in, tables and JSON out (the command line of metrics.py).
 
 metrics.py holds the mathematics; this module holds the records and the command line:
-- load_predictions reads our prediction rows and the paper's published format (PAPER_FACTS §10:
+- load_predictions reads our prediction rows and the paper's published format (docs/PAPER.md §10:
   `bin_probabilities` as a list of {bin, p}, `parse_failed`, joined with the eval-set rows on
   `comparison_id`), detecting the format per line, and turns bad input into a MetricsInputError
   that names the file, the line and the fix;
