@@ -1,4 +1,4 @@
-"""mutators.py: where the search's children come from (PAPER_FACTS §7).
+"""mutators.py: where the search's children come from (docs/PAPER.md §7).
 
 Two mutators share one method, `propose(parent, n, seen, key) -> [{"code", "error", "meta"}]`,
 where `parent` is a puct.Node, `seen` the code already proposed in this search (stripped), and
@@ -53,7 +53,7 @@ def feedback_text(m):
 
 
 def mutation_messages(description, parent_code, parent_result, last_failure=None):
-    """The chat of PAPER_FACTS §7: rules, the task, the parent's code and its feedback."""
+    """The chat of docs/PAPER.md §7: rules, the task, the parent's code and its feedback."""
     user = [f"Task:\n{description}", f"Current kernel:\n```python\n{parent_code}\n```",
             f"Feedback on the current kernel:\n{feedback_text(parent_result)}"]
     if last_failure:  # the last child of this parent failed: show why, so it is not repeated
