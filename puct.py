@@ -1,4 +1,4 @@
-"""puct.py: the archive of measured kernels and the PUCT rule that picks parents (PAPER_FACTS §7).
+"""puct.py: the archive of measured kernels and the PUCT rule that picks parents (docs/PAPER.md §7).
 
 search.py's kernel search keeps every successfully measured kernel in an archive. Each step it
 asks this module which archive nodes to expand next. The rule is the max-reward PUCT of the paper
