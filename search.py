@@ -1,4 +1,4 @@
-"""search.py: PUCT kernel search with an LLM mutator and a forecaster gate (PAPER_FACTS §1, §4, §7).
+"""search.py: PUCT kernel search with an LLM mutator and a forecaster gate (docs/PAPER.md §1, §4, §7).
 
     python search.py --task cross_entropy
 
