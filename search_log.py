@@ -1,4 +1,4 @@
-"""search_log.py: what a search leaves on disk (PAPER_FACTS §1, §7).
+"""search_log.py: what a search leaves on disk (docs/PAPER.md §1, §7).
 
 search.py decides; this module remembers. Two kinds of files come out of a search:
 
