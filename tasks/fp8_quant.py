@@ -1,6 +1,6 @@
 """GPU MODE task `fp8_quant`: per-group FP8 (e4m3) quantisation of activations.
 
-One of the paper's six tasks (PAPER_FACTS §8). Every group of 128 consecutive elements of a row
+One of the paper's six tasks (docs/PAPER.md §8). Every group of 128 consecutive elements of a row
 gets its own scale (the group's absolute maximum over 448, the largest finite e4m3 value) and is
 divided by it. It is a pure streaming kernel (one read of x, one write of the quantised values and
 a small write of scales), so the floor is memory bandwidth and a candidate's speedup comes from
