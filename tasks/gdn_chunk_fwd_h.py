@@ -1,6 +1,6 @@
 """GPU MODE task `gated_deltanet_chunk_fwd_h`: the inter-chunk state recurrence of Gated DeltaNet.
 
-One of the paper's three Gated DeltaNet tasks (PAPER_FACTS §8), and the sequential bottleneck of
+One of the paper's three Gated DeltaNet tasks (docs/PAPER.md §8), and the sequential bottleneck of
 the chunked forward pass: the [K, V] state must walk the chunks in order, so a candidate can only
 parallelise over (batch, head) and over tiles of V, and wins by keeping the state on chip across
 chunks. The math and the input pipeline live in tasks/_gdn.py; the seed kernel is
