@@ -1,6 +1,6 @@
 """GPU MODE task `gated_deltanet_chunk_fwd_o`: the output of the chunked Gated DeltaNet.
 
-One of the paper's three Gated DeltaNet tasks (PAPER_FACTS §8). Every chunk is independent here:
+One of the paper's three Gated DeltaNet tasks (docs/PAPER.md §8). Every chunk is independent here:
 the output is the inter-chunk term (the query read against the state h left by earlier chunks)
 plus a causal, decay-weighted attention inside the chunk, so a candidate wins by fusing the three
 matmuls, the decay and the causal mask into one pass over each chunk. The math and the input
