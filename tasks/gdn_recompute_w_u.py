@@ -1,6 +1,6 @@
 """GPU MODE task `gated_deltanet_recompute_w_u`: the WY-form projection of Gated DeltaNet.
 
-One of the paper's three Gated DeltaNet tasks (PAPER_FACTS §8). Per chunk of 64 tokens it applies
+One of the paper's three Gated DeltaNet tasks (docs/PAPER.md §8). Per chunk of 64 tokens it applies
 the chunk's precomputed matrix A (the inverse of the delta rule's unit-lower-triangular system) to
 the beta-scaled values and to the beta- and decay-scaled keys: two small batched matmuls, so a
 candidate's speedup comes from fusing the scaling into the matmul and reading A once. The math and
