@@ -1,6 +1,6 @@
 """Tests for metrics.py: bins, scores, dataset report, selective prediction, budgets, CLI.
 
-Expected numbers come from PAPER_FACTS (bins, uniform Brier/CRPS), from independent code
+Expected numbers come from the paper (docs/PAPER.md §2, §5: bins, uniform Brier/CRPS), from independent code
 (scoringrules, brute-force enumeration) or are worked out by hand in the comments.
 """
 import inspect
@@ -73,7 +73,7 @@ def test_bin_intervals_labels_and_representatives():
 # ---- per-forecast scores --------------------------------------------------------------------
 
 def test_uniform_values():
-    crps_table = [0.3125, 0.2054, 0.1339, 0.0982, 0.0982, 0.1339, 0.2054, 0.3125]  # PAPER_FACTS
+    crps_table = [0.3125, 0.2054, 0.1339, 0.0982, 0.0982, 0.1339, 0.2054, 0.3125]  # docs/PAPER.md §5
     for y in range(1, 9):
         assert metrics.brier(UNIFORM, y) == pytest.approx(0.4375)
         assert metrics.crps(UNIFORM, y) == pytest.approx(crps_table[y - 1], abs=5e-5)
