@@ -1,4 +1,4 @@
-"""train_grpo.py: GRPO with proper-scoring-rule rewards trains the forecaster (the paper's §6).
+"""train_grpo.py: GRPO with proper-scoring-rule rewards trains the forecaster (docs/PAPER.md §6).
 
 The paper turns every measured kernel into a labelled training row (anchor code, candidate code,
 measured speedup) and trains GPT-OSS-20B + LoRA with GRPO so that its 8 bin probabilities become
@@ -460,7 +460,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
 
 def build_parser():
     ap = argparse.ArgumentParser(description="GRPO training of the forecaster's LoRA adapter with "
-                                 "correctness, Brier or CRPS rewards (the paper's section 6).")
+                                 "correctness, Brier or CRPS rewards (docs/PAPER.md §6).")
     a = ap.add_argument
     a("--data", required=True, help="training rows (JSON Lines): pack, anchor_code, "
       "candidate_code, aggregated_speedup (ours or the paper's RL pool)")
