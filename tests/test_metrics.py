@@ -1,7 +1,7 @@
 """Tests for metrics.py: bins, scores, dataset report, selective prediction, budgets, CLI.
 
-Expected numbers come from the paper (docs/PAPER.md §2, §5: bins, uniform Brier/CRPS), from independent code
-(scoringrules, brute-force enumeration) or are worked out by hand in the comments.
+Expected numbers come from the paper (docs/PAPER.md §2, §5: bins, uniform Brier/CRPS), from
+independent code (scoringrules, brute-force enumeration) or are worked out by hand in the comments.
 """
 import inspect
 import itertools
