@@ -6,7 +6,8 @@ Three PNGs per forecaster, in the paper's spirit:
 - risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
   selective forecaster keeps risk low while it trusts most rows;
 - speedup recovered against the measurement budget, with the exact random-ranking baseline.
-matplotlib runs headless (Agg); only metrics.py's CLI imports this module, and only for --plots.
+matplotlib runs headless (Agg); metrics.py's CLI imports this module only for --plots, and
+scripts/calibration_demo.py draws its three rewards side by side with plot_reliability_panels.
 """
 import re
 from pathlib import Path
@@ -24,11 +25,28 @@ def _slug(name):
 
 
 def plot_reliability(rows, path, title=""):
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    draw_reliability(ax, rows, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_reliability_panels(groups, path):
+    """One reliability diagram per forecaster, side by side in one PNG: {title: rows}."""
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 5), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], groups.items()):
+        draw_reliability(ax, rows, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_reliability(ax, rows, title=""):
     parsed = [r for r in rows if r["probs"] is not None]
     buckets = metrics.reliability([metrics.row_confidence(r) for r in parsed],
                                   [r["predicted_bin"] == r["true_bin"] for r in parsed])
     filled = [(i, n, conf, acc) for i, (n, conf, acc) in enumerate(buckets) if n]
-    fig, ax = plt.subplots(figsize=(5.5, 5))
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
     ax.bar([i / 10 for i, *_ in filled], [a for *_, a in filled], width=0.1, align="edge",
            color="tab:blue", alpha=0.75, edgecolor="black", label="accuracy of bucket")
@@ -41,9 +59,6 @@ def plot_reliability(rows, path, title=""):
     ax.set(xlim=(0, 1), ylim=(0, 1.05), xlabel="confidence p[predicted bin]", ylabel="accuracy",
            title=f"{title}\nreliability (ECE {ece:.3f})" if ece is not None else title)
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_risk_coverage(rows, path, title=""):
