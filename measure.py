@@ -43,7 +43,6 @@ Usage:
     python measure.py --task cross_entropy --candidate tasks/kernels/cross_entropy/fused_online.py --json
 """
 import argparse
-import atexit
 import dataclasses
 import hashlib
 import json
@@ -58,7 +57,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure_sandbox import SandboxUnavailable, WorkerFailed, WorkerProcess, require_sandbox
+from measure_sandbox import (EXCHANGE, SandboxUnavailable, WorkerFailed, candidate_worker, drop_reference,
+                             reference_worker, require_sandbox)
 from measure_worker import case_str
 
 HARNESS_VERSION = "2.0"
@@ -103,6 +103,10 @@ class Measurement:
     harness_version: str = HARNESS_VERSION
     cached: bool = False
 
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown measurement status {self.status!r}")
+
     def to_dict(self):
         return dataclasses.asdict(self)
 
@@ -140,75 +144,6 @@ def screen_source(source):
         if m:
             return f"uses {what}: {m.group(0)!r} is not allowed in a candidate"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Workers: one trusted reference worker per (task, device), kept; a fresh sandbox per candidate,
-# the next one started as soon as a measurement ends so that it is ready when the next begins.
-# ---------------------------------------------------------------------------------------------
-
-_REFERENCE = {}
-_SPARE = {}
-_MEASURED = 0
-_TMP = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-
-
-def _reference_worker(task, device):
-    key = (task, device)
-    ref = _REFERENCE.get(key)
-    if ref is None or not ref[0].alive():
-        for old in _REFERENCE.values():
-            old[0].kill()
-        _REFERENCE.clear()
-        w = WorkerProcess("reference", task, device, sandboxed=True, memory_bytes=math.inf,
-                          tmp=os.path.join(_TMP, "reference"), readable=[_TMP])
-        try:
-            ready = w.recv(time.monotonic() + 600, "ready")
-        except WorkerFailed as e:
-            w.kill()
-            raise HarnessError(f"the reference worker did not start: {e.message}; last output: {w.log_tail()}") from None
-        ref = _REFERENCE[key] = (w, ready)
-    return ref
-
-
-def _candidate_worker(task, device, sandboxed, memory_bytes):
-    """A fresh candidate worker (from the spares when one is booted), and spares for the next."""
-    key = (task, device, sandboxed)
-    spares = _SPARE.get(key, [])
-    w = spares.pop(0) if spares else None
-    if w is None or not w.alive():
-        w = _new_candidate_worker(task, device, sandboxed)
-    w.memory_bytes = memory_bytes
-    global _MEASURED
-    if _MEASURED:  # a process that measures again will likely go on: boot the next ones now
-        _top_up_spares(task, device, sandboxed)
-    _MEASURED += 1
-    return w
-
-
-def _new_candidate_worker(task, device, sandboxed):
-    return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
-                         tmp=os.path.join(_TMP, f"candidate-{secrets.token_hex(4)}"))
-
-
-def _top_up_spares(task, device, sandboxed):
-    """Booting a worker (Python, torch, the task) takes seconds; spares boot while the current
-    candidate is measured. Two on CPU, where tests measure back to back; one on a GPU machine."""
-    key = (task, device, sandboxed)
-    for other in [k for k in _SPARE if k != key]:  # spares of one kind at a time
-        for w in _SPARE.pop(other):
-            w.kill()
-    spares = [w for w in _SPARE.get(key, []) if w.alive()]
-    while len(spares) < (2 if device == "cpu" else 1):
-        spares.append(_new_candidate_worker(task, device, sandboxed))
-    _SPARE[key] = spares
-
-
-@atexit.register
-def _shutdown():
-    for w in [r[0] for r in _REFERENCE.values()] + [w for ws in _SPARE.values() for w in ws]:
-        w.kill()
-    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,15 +226,15 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
 def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, sandboxed):
     """One measurement in a fresh candidate worker; a dict of Measurement fields."""
     for attempt in (0, 1):
-        cand = _candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
+        cand = candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
         try:
-            ref, ready = _reference_worker(task, device)
+            try:
+                ref, ready = reference_worker(task, device)
+            except WorkerFailed as e:
+                raise HarnessError(f"the reference worker did not start: {e.message}") from None
             return _Session(ref, ready, cand, device, scale, timeout_s, quick).run(source)
         except HarnessError:
-            # Restart the trusted side once: a transient failure must not stop a search.
-            for w, _ in _REFERENCE.values():
-                w.kill()
-            _REFERENCE.clear()
+            drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:
                 raise
         finally:
@@ -318,7 +253,7 @@ class _Session:
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
         self.block_id, self.bytes_per_call, self.call_ms, self.wall_s = 0, {}, {}, 0.0
-        self.files = tempfile.mkdtemp(dir=_TMP, prefix="handover-")
+        self.files = tempfile.mkdtemp(dir=EXCHANGE, prefix="handover-")
 
     def run(self, source):
         t0 = time.perf_counter()

@@ -19,18 +19,24 @@ The parent watches the whole process tree (host memory, number of processes, byt
 stdout/stderr) and kills it when a limit is crossed or the measurement ends. The only ways out are
 two pipes to the parent, which reads them as JSON lines of bounded size, with a deadline.
 
-The reference worker is trusted code (it never loads a candidate) and runs without the sandbox,
-with the kernel's parent-death signal so that it cannot outlive the parent either.
+The reference worker is trusted code (it never loads a candidate) but runs in an identical
+sandbox all the same, so that whatever the sandbox costs, it costs both sides of a comparison.
+The end of this file keeps a process's workers: one reference worker per task, kept, and a fresh
+candidate worker per measurement, with spares booting in the background.
 """
+import atexit
 import ctypes
 import glob
 import json
+import math
 import os
+import secrets
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -305,6 +311,75 @@ class WorkerProcess:
                 f.close()
             except OSError:
                 pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The workers of this process: one trusted reference worker per (task, device), kept (it never
+# loads candidate code); a fresh sandbox per candidate, with spares booting in the background.
+# ---------------------------------------------------------------------------------------------
+
+_REFERENCE = {}
+_SPARE = {}
+_STARTED = 0
+# Where the parent puts handed-over bytes for the reference worker (read-only in its sandbox).
+EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+
+
+def reference_worker(task, device):
+    """(worker, its ready message) for the task; raises WorkerFailed when it cannot start."""
+    key = (task, device)
+    if key not in _REFERENCE or not _REFERENCE[key][0].alive():
+        drop_reference()
+        w = WorkerProcess("reference", task, device, sandboxed=True, memory_bytes=math.inf,
+                          tmp=os.path.join(EXCHANGE, "reference"), readable=[EXCHANGE])
+        try:
+            _REFERENCE[key] = (w, w.recv(time.monotonic() + 600, "ready"))
+        except WorkerFailed as e:
+            w.kill()
+            raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
+    return _REFERENCE[key]
+
+
+def drop_reference():
+    for w, _ in _REFERENCE.values():
+        w.kill()
+    _REFERENCE.clear()
+
+
+def candidate_worker(task, device, sandboxed, memory_bytes):
+    """A fresh candidate worker (a booted spare when there is one). A process that asks a second
+    time will likely go on measuring: from then on spares boot while each candidate is measured
+    (booting Python, torch and the task takes seconds); two on CPU, one on a GPU machine."""
+    global _STARTED
+    key = (task, device, sandboxed)
+    spares = _SPARE.get(key, [])
+    w = spares.pop(0) if spares else None
+    if w is None or not w.alive():
+        w = _new_candidate(task, device, sandboxed)
+    w.memory_bytes = memory_bytes
+    if _STARTED:
+        for other in [k for k in _SPARE if k != key]:  # spares of one kind at a time
+            for old in _SPARE.pop(other):
+                old.kill()
+        spares = [s for s in _SPARE.get(key, []) if s.alive()]
+        while len(spares) < (2 if device == "cpu" else 1):
+            spares.append(_new_candidate(task, device, sandboxed))
+        _SPARE[key] = spares
+    _STARTED += 1
+    return w
+
+
+def _new_candidate(task, device, sandboxed):
+    return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
+                         tmp=os.path.join(EXCHANGE, f"candidate-{secrets.token_hex(4)}"))
+
+
+@atexit.register
+def _shutdown():
+    drop_reference()
+    for w in [w for ws in _SPARE.values() for w in ws]:
+        w.kill()
+    shutil.rmtree(EXCHANGE, ignore_errors=True)
 
 
 class _Timespec(ctypes.Structure):
