@@ -499,13 +499,13 @@ def choose_backend(args):
     if args.server:
         return OpenAIServerBackend(args.server, model=args.model or DEFAULT_MODEL, api_key=args.api_key,
                                    reasoning_effort=args.reasoning_effort, adapter=args.adapter)
-    local = dict(adapter=args.adapter, reasoning_effort=args.reasoning_effort, batch_size=args.batch_size)
+    local = dict(adapter=args.adapter, reasoning_effort=args.reasoning_effort)
     if not args.embedded:
         if args.model and not _weights_available(args.model):
             raise ModelNotFound(model_not_found_message(args.model))
         if args.model or (torch.cuda.is_available() and _weights_available(DEFAULT_MODEL)):
-            return TransformersBackend(args.model or DEFAULT_MODEL, **local)
-    return embedded_backend(**local)
+            return TransformersBackend(args.model or DEFAULT_MODEL, batch_size=args.batch_size or 8, **local)
+    return embedded_backend(batch_size=args.batch_size, **local)
 
 
 def bar_chart(forecast, width=30):
@@ -547,7 +547,9 @@ def build_parser():
                    help="recompute the prompt prefix that a task's candidates share (system text, bins, "
                         "task, reference, hardware) for every candidate instead of once per task; the "
                         "same forecasts within numerical noise, slower (for comparison)")
-    p.add_argument("--batch-size", type=int, default=8, help="candidates generated together")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="candidates run through the model together (default 8; 1 for the embedded model, "
+                        "for which a padded batch on a CPU costs more than it saves)")
     p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
     p.add_argument("--json", action="store_true", help="print the forecast as JSON")
     return p
@@ -556,6 +558,8 @@ def build_parser():
 def main(argv=None, backend=None):
     args = build_parser().parse_args(argv)
     try:
+        if args.batch_size is not None and args.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
         if args.eval:
             if not args.out:
                 raise ValueError("--eval needs --out PRED.jsonl")
@@ -581,7 +585,7 @@ def main(argv=None, backend=None):
                         reasoning_tokens=args.reasoning_tokens, hardware=hardware_info(args.hardware),
                         prefix_cache=not args.no_prefix_cache)
         if args.eval:
-            n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size)
+            n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 8)
             t_end = time.perf_counter()
             prefix = "recomputed for every candidate" if args.no_prefix_cache else "computed once per task"
             print(f"wrote {n} prediction rows to {args.out} in {t_end - t0:.1f} s (model load "

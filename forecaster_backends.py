@@ -425,6 +425,9 @@ def embedded_backend(**kwargs):
           "on a GPU with `huggingface-cli download openai/gpt-oss-20b`, or serve it with "
           "`vllm serve openai/gpt-oss-20b` and pass --server.", file=sys.stderr)
     kwargs.setdefault("name", "SmolLM2-135M-Instruct (embedded)")
+    # One row at a time: on a CPU a padded batch costs more than it saves (its attention mask
+    # forgoes the causal kernel's skipping; scripts/bench_forecast.py measures both).
+    kwargs["batch_size"] = kwargs.get("batch_size") or 1
     if "model" in kwargs:  # a model already in memory (tests)
         backend = TransformersBackend(device="cpu", chat_format="template", **kwargs)
     else:
