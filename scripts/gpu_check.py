@@ -86,7 +86,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def measurement_throughput(emit, n):
+def measurement_throughput(emit, n, unsafe=False):
     """n fresh candidates through measure.py at benchmark shapes: seconds per measurement."""
     from bench_forecast import candidates
     codes = candidates(5 + n)[5:]  # `# tune:` edits, after the hand-written variants (compiled above)
@@ -98,7 +98,7 @@ def measurement_throughput(emit, n):
     walls = []
     for i, code in enumerate(codes):
         t0 = time.perf_counter()
-        m = measure.measure("cross_entropy", code, device="cuda", use_cache=False)
+        m = measure.measure("cross_entropy", code, device="cuda", use_cache=False, unsafe_no_sandbox=unsafe)
         walls.append(time.perf_counter() - t0)
         emit(f"| tune edit {i + 1} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | {walls[-1]:.1f} |")
     mean = sum(walls) / len(walls)
@@ -189,7 +189,7 @@ def surrogate_sections(emit, args):
 
     from bench_forecast import candidates, write_rows
     from tasks import seed_source
-    measurement_s = measurement_throughput(emit, args.throughput_candidates)
+    measurement_s = measurement_throughput(emit, args.throughput_candidates, unsafe=args.unsafe_no_sandbox)
     emit(f"### forecast cost vs a measurement ({measurement_s:.1f} s): a GPT-OSS of GPT-OSS-20B's width "
          f"with {args.forecast_layers} of its 24 layers, random bf16 weights, 8 cross_entropy candidates, "
          f"batch 8, verbalized capped at {args.verbalized_tokens} new tokens")
@@ -213,6 +213,9 @@ def main():
     parser.add_argument("--tasks", default=",".join(TASK_NAMES),
                         help="comma-separated tasks to include (cross_entropy gets the full treatment)")
     parser.add_argument("--quick", action="store_true", help="fewer timed repetitions in measure.py")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="measure without bubblewrap (for a machine where it cannot run; the kernels "
+                        "measured here are the project's own)")
     parser.add_argument("--no-surrogate", action="store_true",
                         help="skip the surrogate's sections (measurements per GPU-minute, forecast cost, GRPO step)")
     parser.add_argument("--throughput-candidates", type=int, default=4,
@@ -246,7 +249,8 @@ def main():
         emit("|" + "---|" * (3 + 2 * len(task.BENCHMARK_CASES)))
         best = None
         for path in kernels:
-            m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick)
+            m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
+                                unsafe_no_sandbox=args.unsafe_no_sandbox)
             cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-"]
             if m.status == "ok":
                 fn = load_kernel(path)
@@ -275,7 +279,8 @@ def main():
                      f"4BV {floor4:.3f} ms ({floor4 / ms:.0%} of it), 6BV {floor6:.3f} ms ({floor6 / ms:.0%})")
             emit("")
             # Run-to-run spread: the same measurement three times.
-            reps = [measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick).speedup
+            reps = [measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
+                                    unsafe_no_sandbox=args.unsafe_no_sandbox).speedup
                     for _ in range(3)]
             mean = sum(reps) / len(reps)
             sd = math.sqrt(sum((r - mean) ** 2 for r in reps) / (len(reps) - 1))
@@ -291,7 +296,8 @@ def main():
         emit("|---|---|---|---|---|---|")
         for name in others:
             for path in [seed_path(name)] + variant_paths(name):
-                m = measure.measure(name, path.read_text(), device="cuda", use_cache=False, quick=True)
+                m = measure.measure(name, path.read_text(), device="cuda", use_cache=False, quick=True,
+                                    unsafe_no_sandbox=args.unsafe_no_sandbox)
                 per_case = ", ".join(f"{r['candidate_ms']:.3f} (±{r['candidate_spread']:.0%})" for r in m.cases) or m.message[:80]
                 emit(f"| {name} | {path.stem} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | "
                      f"{per_case} | {m.wall_s} |")
