@@ -101,18 +101,18 @@ def custom_kernel(data):
     assert m.status == "incorrect" and "modified its input" in m.message
 
 
-def test_partially_written_output_fails_through_nan_poisoning():
+def test_partially_written_output_is_incorrect():
     src = BODY + '''
 def custom_kernel(data):
     logits, targets, grad_output = data
     losses, grad = _ce(logits, targets, grad_output)
-    out = torch.empty_like(grad)          # never fully written: the harness fills it with NaN
+    out = torch.empty_like(grad)          # never fully written: the rest holds whatever was there
     half = grad.shape[0] // 2
     out[:half] = grad[:half]
     return losses, out
 '''
     m = run(src)
-    assert m.status == "incorrect" and "non-finite" in m.message
+    assert m.status == "incorrect" and "grad_logits" in m.message, m.message
 
 
 # ---- lazy or downgraded outputs ---------------------------------------------------------------------
