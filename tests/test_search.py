@@ -597,7 +597,7 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     pytest.importorskip("measure")
     out = tmp_path / "ce"
     argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1",
-            "--out", str(out), "--no-progress"]
+            "--scale", "cpu", "--out", str(out), "--no-progress"]  # the scale pinned: a GPU machine defaults to benchmark
     rc = search.main(argv)
     captured = capsys.readouterr()
     assert rc == 0, captured.err
