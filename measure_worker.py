@@ -137,6 +137,26 @@ class CudaTimer:
         return outs, [s.elapsed_time(e) for s, e in events]
 
 
+CUDA_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def enforce_cuda_grid_limits():
+    """Triton's interpreter runs any grid; a GPU refuses more than 65,535 programs on axes 1 and 2
+    (2^31 - 1 on axis 0). On CPU the worker refuses them too, so that a kernel that would fail to
+    launch on a GPU fails here, and says what to change."""
+    from triton.runtime import interpreter
+    original = interpreter.InterpreterBuilder.set_grid_dim
+
+    def set_grid_dim(self, nx, ny, nz):
+        for axis, (n, limit) in enumerate(zip((nx, ny, nz), CUDA_GRID_LIMITS)):
+            if n > limit:
+                raise ValueError(f"grid ({nx}, {ny}, {nz}): {n} programs on axis {axis}, above CUDA's "
+                                 f"limit of {limit}; put the largest axis first")
+        return original(self, nx, ny, nz)
+    interpreter.InterpreterBuilder.set_grid_dim = set_grid_dim
+    return original
+
+
 def copy_bandwidth():
     """Bytes/s of a device-to-device copy (read + write), best of five: the measured bandwidth
     the parent's physical bound uses."""
@@ -171,6 +191,7 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         if device == "cpu":
             torch.set_num_threads(1)  # steadier times on a shared machine
+            enforce_cuda_grid_limits()
         # No mode differs between a checked call and a timed one (a kernel could tell them apart),
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.

@@ -301,3 +301,49 @@ def test_trimul_variant_passes(stem):
     for case, out, exp in zip(cases, outputs, expected):
         ok, msg = task.check(out, exp)
         assert ok, f"{case}: {msg}"
+
+
+def test_trimul_variant_grids_fit_cuda_at_every_benchmark_shape_and_tuning(monkeypatch):
+    """The interpreter runs any grid, a GPU does not: record the first launch's grid of the fused
+    variant at every benchmark shape and every BLOCK_M/BLOCK_H it may be tuned to (inputs allocated,
+    never computed) and check it against CUDA's limits."""
+    from triton.runtime import interpreter
+
+    import measure_worker
+
+    class Launched(Exception):
+        pass
+
+    grids = []
+
+    def record(self, nx, ny, nz):
+        grids.append((nx, ny, nz))
+        raise Launched
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", record)
+    task = get_task("trimul")
+    path = KERNELS_DIR / "trimul" / "fused_projections.py"
+    ns = load_kernel(path)
+    tunables = _tunables(path)
+    for case in task.BENCHMARK_CASES:
+        _, _, weights, config = task.generate_input({**case, "N": 1}, 0)
+        bs, N, dim = case["bs"], case["N"], case["dim"]
+        data = (torch.empty(bs, N, N, dim), torch.ones(bs, N, N), weights, config)
+        for block_m in tunables["BLOCK_M"][1]:
+            for block_h in tunables["BLOCK_H"][1]:
+                ns["BLOCK_M"], ns["BLOCK_H"] = block_m, block_h
+                with pytest.raises(Launched):
+                    ns["custom_kernel"](data)
+    assert len(grids) == len(task.BENCHMARK_CASES) * len(tunables["BLOCK_M"][1]) * len(tunables["BLOCK_H"][1])
+    too_big = [g for g in grids if any(n > limit for n, limit in zip(g, measure_worker.CUDA_GRID_LIMITS))]
+    assert not too_big, f"grids a GPU refuses: {too_big[:3]}"
+
+
+def test_the_cpu_worker_refuses_grids_a_gpu_refuses(monkeypatch):
+    from triton.runtime import interpreter
+
+    import measure_worker
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
+    measure_worker.enforce_cuda_grid_limits()
+    with pytest.raises(ValueError, match="65536 programs on axis 1.*put the largest axis first"):
+        interpreter.InterpreterBuilder.set_grid_dim(interpreter.interpreter_builder, 4, 65536, 1)

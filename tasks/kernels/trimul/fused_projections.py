@@ -33,9 +33,9 @@ def _ln_proj_kernel(x_ptr, mask_ptr, nw_ptr, nb_ptr, wl_ptr, wr_ptr, wlg_ptr, wr
                     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     # hidden blocks vary fastest in launch order, so the programs sharing a tile of x run
     # together and all but the first find it in L2
-    rows = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rmask = rows < M
-    hs = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = hs < HIDDEN
     ks = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + rows[:, None] * DIM
@@ -130,7 +130,9 @@ def custom_kernel(data):
     gate = torch.empty(M, hidden, dtype=torch.float32, device=dev)
     weights = [w[k].contiguous() for k in ("left_proj.weight", "right_proj.weight",
                                            "left_gate.weight", "right_gate.weight", "out_gate.weight")]
-    _ln_proj_kernel[(triton.cdiv(hidden, BLOCK_H), triton.cdiv(M, BLOCK_M))](
+    # Rows on axis 0: CUDA allows 2^31 - 1 programs there but only 65,535 on axes 1 and 2, and
+    # M = bs * N * N reaches 2^20 (N = 1024), i.e. 65,536 blocks of 16 rows.
+    _ln_proj_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(hidden, BLOCK_H))](
         x, keep, w["norm.weight"].contiguous(), w["norm.bias"].contiguous(), *weights,
         left, right, gate, M, NN, dim, hidden, 1e-5,
         BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
