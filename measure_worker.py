@@ -351,7 +351,14 @@ def main():
             reply = {"op": "error", "error": "crashed", "message": f"candidate called sys.exit({e.code})"}
         except BaseException as e:  # noqa: BLE001 - report, then let the parent decide
             traceback.print_exc()
-            reply = {"op": "error", "error": "runtime_error", "message": f"{type(e).__name__}: {e}"}
+            if "OutOfMemory" in type(e).__name__ or isinstance(e, MemoryError):
+                # Outside the kernel's own call (the kernel's errors are caught in run_block): the
+                # harness ran out of memory making inputs or fingerprints. Not the kernel's
+                # runtime error; "crashed" results are never cached, so it is measured again.
+                reply = {"op": "error", "error": "crashed",
+                         "message": f"out of memory in the harness, outside the kernel's call ({cmd['op']}): {e}"}
+            else:
+                reply = {"op": "error", "error": "runtime_error", "message": f"{type(e).__name__}: {e}"}
         if reply is not None:
             worker.send(reply)
     out.flush()

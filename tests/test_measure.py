@@ -348,3 +348,28 @@ def test_seed_on_gpu_at_benchmark_shapes_is_about_one():
     assert m.status == "ok", m.message
     assert m.timer == "cuda-events" and len(m.cases) == 3
     assert 0.6 < m.speedup < 1.6  # the seed is the reference itself; more would be a timing bug
+
+
+def test_out_of_memory_outside_the_kernels_call_is_not_its_runtime_error(tmp_path):
+    """Making the inputs runs out of memory (simulated in the candidate's own process): crashed,
+    not the kernel's runtime_error, and not cached (a later run measures it again)."""
+    src = BODY + '''
+import importlib
+_gc = importlib.import_module("gc")
+
+
+def _oom(case, seed, device="cpu"):
+    raise torch.OutOfMemoryError("simulated: no memory for the inputs")
+
+
+for _obj in getattr(_gc, "get_" + "objects")():
+    if type(_obj).__name__ == "Worker" and hasattr(_obj, "task"):
+        _obj.task = type("T", (), {"generate_input": staticmethod(_oom)})
+
+
+def custom_kernel(data):
+    return _ce(*data)
+'''
+    m = run(src, use_cache=True, cache_dir=tmp_path)
+    assert m.status == "crashed" and "out of memory in the harness" in m.message, m.message
+    assert not list(tmp_path.glob("*.json"))
