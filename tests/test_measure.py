@@ -199,7 +199,7 @@ def test_sys_exit_is_crashed():
 
 
 def test_infinite_loop_times_out():
-    m = run("def custom_kernel(data):\n    while True:\n        pass\n", timeout_s=4)
+    m = run("def custom_kernel(data):\n    while True:\n        pass\n", timeout_s=2)
     assert m.status == "timeout"
 
 
@@ -309,7 +309,7 @@ def cli(*args):
 
 @pytest.mark.slow
 def test_cli_json_on_a_triton_variant(tmp_path):
-    variant = next(p for p in variant_paths(TASK) if p.stem == "fused_online")
+    variant = next(p for p in variant_paths(TASK) if p.stem == "row_in_registers")  # the quickest to interpret
     r = cli("--task", TASK, "--candidate", str(variant), "--json", "--quick", "--cache-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
