@@ -79,6 +79,9 @@ def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
 
 def test_a_forged_timer_is_overruled_by_the_parents_clock(attack):
     m = attack("timer_via_gc")
+    if m.status == "rejected":  # on a heavily loaded machine the clock's noise can hide it once;
+        assert "did not reproduce" in m.message, m.message  # the confirmation run then catches it
+        return
     assert m.status == "ok", m.message  # it computes honestly: it is correct, just not fast
     assert m.speedup < HONEST, m.cases
     assert any("parent's clock" in f for f in m.flags), m.flags
