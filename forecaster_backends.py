@@ -181,7 +181,7 @@ def _weights_available(name_or_path):
 
 
 def model_not_found_message(name):
-    return (f"model {name!r} is not on this machine: download it with `huggingface-cli download "
+    return (f"model {name!r} is not on this machine: download it with `hf download "
             f"{name}`, or serve it with `vllm serve {name}` and pass --server http://HOST:8000/v1")
 
 
@@ -225,7 +225,7 @@ class TransformersBackend:
             from peft import PeftModel
             if not Path(adapter).exists() and not _weights_available(str(adapter)):
                 raise ModelNotFound(f"LoRA adapter {str(adapter)!r} not found: pass a folder saved by "
-                                    f"train_grpo.py or download it with `huggingface-cli download {adapter}`")
+                                    f"train_grpo.py or download it with `hf download {adapter}`")
             model = PeftModel.from_pretrained(model, str(adapter))
         self.model = model
         self.tokenizer = tokenizer
@@ -422,7 +422,7 @@ def embedded_backend(**kwargs):
     folder = list(spec.submodule_search_locations)[0]
     print("NOTE: using the embedded SmolLM2-135M-Instruct. Its forecasts are NOT meaningful (a 135M "
           "model cannot judge GPU kernels); they only exercise the pipeline. For real forecasts run "
-          "on a GPU with `huggingface-cli download openai/gpt-oss-20b`, or serve it with "
+          "on a GPU with `hf download openai/gpt-oss-20b`, or serve it with "
           "`vllm serve openai/gpt-oss-20b` and pass --server.", file=sys.stderr)
     kwargs.setdefault("name", "SmolLM2-135M-Instruct (embedded)")
     # One row at a time: on a CPU a padded batch costs more than it saves (its attention mask

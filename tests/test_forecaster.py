@@ -550,7 +550,7 @@ def test_cli_single_forecast(tmp_path, capsys):
     (["--task", "cross_entropy", "--candidate", "missing.py"], "cannot read kernel file"),
     (["--task", "cross_entropy"], "give --task and --candidate"),
     (["--eval", "missing.jsonl", "--out", "p.jsonl"], "cannot read rows file"),
-    (["--task", "cross_entropy", "--candidate", "k.py", "--model", "no/such-model-here"], "huggingface-cli download"),
+    (["--task", "cross_entropy", "--candidate", "k.py", "--model", "no/such-model-here"], "hf download"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
