@@ -466,7 +466,7 @@ def setup(args, say=print):
     if scale == "benchmark" and not has_gpu:
         raise SearchError("--scale benchmark needs a CUDA GPU; drop it to measure at CPU scale")
     say(f"measurement: {scale} scale" + ("" if scale == "benchmark" else
-        " (Triton interpreter on small shapes, wall-clock times, NOT GPU times; on a GPU machine "
+        " (Triton interpreter on small shapes, CPU times, NOT GPU times; on a GPU machine "
         "the paper's benchmark shapes are timed with CUDA events)"))
 
     # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
