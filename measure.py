@@ -229,7 +229,7 @@ def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, s
         cand = candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
         try:
             try:
-                ref, ready = reference_worker(task, device)
+                ref, ready = reference_worker(task, device, sandboxed)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
             return _Session(ref, ready, cand, device, scale, timeout_s, quick).run(source)

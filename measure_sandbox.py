@@ -325,12 +325,13 @@ _STARTED = 0
 EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
 
 
-def reference_worker(task, device):
-    """(worker, its ready message) for the task; raises WorkerFailed when it cannot start."""
-    key = (task, device)
+def reference_worker(task, device, sandboxed):
+    """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It runs
+    sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
+    key = (task, device, sandboxed)
     if key not in _REFERENCE or not _REFERENCE[key][0].alive():
         drop_reference()
-        w = WorkerProcess("reference", task, device, sandboxed=True, memory_bytes=math.inf,
+        w = WorkerProcess("reference", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
                           tmp=os.path.join(EXCHANGE, "reference"), readable=[EXCHANGE])
         try:
             _REFERENCE[key] = (w, w.recv(time.monotonic() + 600, "ready"))

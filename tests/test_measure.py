@@ -257,7 +257,12 @@ def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
         run(seed_source(TASK))
 
 
-def test_unsafe_no_sandbox_still_measures_and_says_so():
+def test_unsafe_no_sandbox_measures_where_bubblewrap_cannot_run(monkeypatch):
+    import measure_sandbox
+
+    def no_bwrap(device):
+        raise FileNotFoundError("bwrap")
+    monkeypatch.setattr(measure_sandbox, "bwrap_prefix", no_bwrap)  # neither side may reach for it
     m = run(seed_source(TASK), unsafe_no_sandbox=True)
     assert m.status == "ok" and m.speedup > 0, m.message
     assert "unsafe" in m.sandbox
