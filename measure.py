@@ -57,8 +57,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure_sandbox import (EXCHANGE, SandboxUnavailable, WorkerFailed, candidate_worker, drop_reference,
-                             reference_worker, require_sandbox)
+from measure_sandbox import (EXCHANGE, WorkerFailed, candidate_worker, drop_reference, reference_worker,
+                             require_sandbox)
 from measure_worker import case_str
 
 HARNESS_VERSION = "2.0"
@@ -154,7 +154,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
             use_cache=True, cache_dir=None, quick=False, unsafe_no_sandbox=False):
     """Measure one candidate source against the task's reference. Never raises for a bad kernel:
     its fate is `Measurement.status`. Raises ValueError for bad usage (unknown task, no GPU, no
-    sandbox: SandboxUnavailable) and HarnessError when the trusted side fails.
+    sandbox: measure_sandbox.SandboxUnavailable) and HarnessError when the trusted side fails.
 
     device: "cuda" or "cpu" (default: cuda when available). scale: "benchmark" (the paper's shapes,
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
@@ -257,7 +257,6 @@ class _Session:
         self.files = tempfile.mkdtemp(dir=EXCHANGE, prefix="handover-")
 
     def run(self, source):
-        t0 = time.perf_counter()
         try:
             self.cand.recv(time.monotonic() + 300, "ready")  # booting is the harness's time, not the candidate's
             self.deadline = time.monotonic() + self.timeout_s

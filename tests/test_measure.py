@@ -253,7 +253,7 @@ def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
     import measure_sandbox
     monkeypatch.setattr(measure_sandbox, "_SANDBOX_PROBLEM", None)
     monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
-    with pytest.raises(measure.SandboxUnavailable, match="bubblewrap.*not installed.*--unsafe-no-sandbox"):
+    with pytest.raises(measure_sandbox.SandboxUnavailable, match="bubblewrap.*not installed.*--unsafe-no-sandbox"):
         run(seed_source(TASK))
 
 
