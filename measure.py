@@ -199,7 +199,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
             pass  # an unreadable entry is measured again
 
     start = time.perf_counter()
-    run = dict(task=task, source=source, device=device, scale=scale, timeout_s=timeout_s,
+    run = dict(task=task, source=source, device=device, device_name=device_name, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
     result = _measure_once(**run)
     if result["status"] == "ok" and result["speedup"] > CONFIRM_SPEEDUP:
@@ -223,7 +223,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     return m
 
 
-def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, sandboxed):
+def _measure_once(task, source, device, device_name, scale, timeout_s, memory_bytes, quick, sandboxed):
     """One measurement in a fresh candidate worker; a dict of Measurement fields."""
     for attempt in (0, 1):
         cand = candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
@@ -232,7 +232,7 @@ def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, s
                 ref, ready = reference_worker(task, device, sandboxed)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
-            return _Session(ref, ready, cand, device, scale, timeout_s, quick).run(source)
+            return _Session(ref, ready, cand, device, device_name, scale, timeout_s, quick).run(source)
         except HarnessError:
             drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:
@@ -244,8 +244,8 @@ def _measure_once(task, source, device, scale, timeout_s, memory_bytes, quick, s
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, ref, ready, cand, device, scale, timeout_s, quick):
-        self.ref, self.cand, self.device, self.quick = ref, cand, device, quick
+    def __init__(self, ref, ready, cand, device, device_name, scale, timeout_s, quick):
+        self.ref, self.cand, self.device, self.device_name, self.quick = ref, cand, device, device_name, quick
         cases = ready["cases"]
         self.timed_cases = cases["benchmark"] if scale == "benchmark" else cases["cpu"]
         self.check_cases = cases["check"] if scale == "benchmark" else cases["cpu_check"]
@@ -421,9 +421,8 @@ class _Session:
         """On a GPU: no kernel moves the task's unavoidable bytes faster than the memory allows."""
         if self.device != "cuda":
             return
-        import torch
         min_bytes = self.min_bytes.get(case_str(case))
-        floor_ms = physical_floor_ms(min_bytes, torch.cuda.get_device_name(0), self.bandwidth) if min_bytes else None
+        floor_ms = physical_floor_ms(min_bytes, self.device_name, self.bandwidth) if min_bytes else None
         if floor_ms is not None:
             row["floor_ms"] = floor_ms
             if row["candidate_ms"] < floor_ms:

@@ -144,7 +144,7 @@ def _die_with_parent():
 
 class WorkerProcess:
     def __init__(self, role, task, device, *, sandboxed, memory_bytes, tmp, readable=()):
-        self.role, self.memory_bytes = role, memory_bytes
+        self.memory_bytes = memory_bytes
         argv = [sys.executable, "-B", WORKER, role, task, device]
         if sandboxed:
             binds = [a for path in readable for a in ("--ro-bind", path, path)]

@@ -94,7 +94,7 @@ def spec_of(out):
     return [{"type": type(t).__name__, "plain": type(t) is torch.Tensor,
              **({"dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.type,
                  "nbytes": t.numel() * t.element_size(),
-                 "contiguous": t.is_contiguous(), "strided": t.layout == torch.strided}
+                 "contiguous": t.is_contiguous()}
                 if isinstance(t, torch.Tensor) else {})} for t in items]
 
 
@@ -154,7 +154,6 @@ def enforce_cuda_grid_limits():
                                  f"limit of {limit}; put the largest axis first")
         return original(self, nx, ny, nz)
     interpreter.InterpreterBuilder.set_grid_dim = set_grid_dim
-    return original
 
 
 def copy_bandwidth():
@@ -184,7 +183,7 @@ class Worker:
         import torch
 
         from tasks import get_task
-        self.role, self.device, self.out = role, device, out
+        self.device, self.out = device, out
         self.task = get_task(task_name)
         self.fn = self.task.reference if role == "reference" else None
         torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
@@ -196,7 +195,7 @@ class Worker:
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
         self.timer = CudaTimer() if device == "cuda" else CpuTimer()
-        self.block = None  # (id, case, seeds, inputs, outputs) of the last block
+        self.block = None  # (id, case, inputs, outputs) of the last block
 
     def send(self, obj, payload=b""):
         self.out.write(json.dumps(obj).encode() + b"\n")
@@ -242,7 +241,7 @@ class Worker:
         except BaseException as e:  # noqa: BLE001
             return {"op": "ran", "id": cmd["id"], "error": "runtime_error",
                     "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
-        self.block = (cmd["id"], case, seeds, inputs, outs)
+        self.block = (cmd["id"], case, inputs, outs)
         nbytes = sum(t.numel() * t.element_size() for t in tensors_of(inputs[0]) + tensors_of(outs[0]))
         return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": nbytes}
 
@@ -251,7 +250,7 @@ class Worker:
         after the calls returned; describe every output (the parent rejects lazy, non-contiguous
         or mistyped ones). Which call will be handed over is not known yet: to pass, all of them
         must hold the right answer now."""
-        bid, _, _, _, outs = self._block(cmd)
+        bid, _, _, outs = self._block(cmd)
         if self.device == "cuda":
             import torch
             torch.cuda.synchronize()
@@ -267,7 +266,7 @@ class Worker:
         fingerprint of that call's inputs as they are now (the reference compares it with the
         pristine inputs)."""
         import torch
-        _, _, _, inputs, outs = self._block(cmd)
+        _, _, inputs, outs = self._block(cmd)
         j = cmd["index"]
         payload = b"".join(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
                            for t in tensors_of(outs[j]))
@@ -278,7 +277,7 @@ class Worker:
         """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the
         last block, which ran on the same seeds here."""
         import torch
-        bid, case, seeds, inputs, outs = self._block(cmd)
+        bid, case, inputs, outs = self._block(cmd)
         j = cmd["index"]
         expected = outs[j]
         exp_tensors = tensors_of(expected)
