@@ -97,6 +97,7 @@ class Measurement:
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
     time_s: float | None = None       # the timed blocks, both sides, verification included
+    reference_peak_gb: float | None = None  # the trusted worker's peak memory (GPU memory on a GPU)
     wall_s: float | None = None
     sandbox: str = ""
     source_sha256: str = ""
@@ -253,7 +254,7 @@ class _Session:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
-        self.block_id, self.bytes_per_call, self.call_ms, self.wall_s = 0, {}, {}, 0.0
+        self.block_id, self.bytes_per_call, self.call_ms, self.wall_s, self.ref_peak = 0, {}, {}, 0.0, 0
         self.files = tempfile.mkdtemp(dir=EXCHANGE, prefix="handover-")
 
     def run(self, source):
@@ -281,7 +282,7 @@ class _Session:
         return dict(status="ok", speedup=speedup, cases=rows, flags=[f for r in rows for f in r["flags"]],
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
-                    time_s=round(time.perf_counter() - t2, 3))
+                    time_s=round(time.perf_counter() - t2, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3))
 
     # -- one pair of blocks: the same seeds on both sides, one call verified ---------------------
 
@@ -328,6 +329,8 @@ class _Session:
                                or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in ms)):
             raise _Outcome("rejected", "the worker broke the measurement protocol (ids or times)")
         commit["bytes_per_call"] = ran.get("bytes_per_call", 0)
+        if side == "ref":
+            self.ref_peak = max(self.ref_peak, commit.get("peak_bytes", 0))
         return [float(t) for t in ms], window_ms, commit
 
     def verify(self, case, pick, ref_spec, commit):
@@ -493,6 +496,9 @@ def format_table(m):
             lines.append(f"{case_str(r['case']):<40} {r['reference_ms']:>13.4f} {r['candidate_ms']:>13.4f} "
                          f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x")
         lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s")
+        if m.reference_peak_gb:
+            what = "GPU memory reserved" if m.timer == "cuda-events" else "resident memory"
+            lines.append(f"reference worker's peak {what}: {m.reference_peak_gb:.2f} GiB (a candidate worker needs about as much)")
     lines += [f"flag: {f}" for f in m.flags]
     if m.timer.startswith("cpu"):
         lines.append("note: CPU times of interpreted kernels; they say nothing about GPU speed.")

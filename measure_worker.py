@@ -259,6 +259,7 @@ class Worker:
         reply = {"op": "committed", "id": bid, "spec": specs[0], "bad_spec": bad}
         if bad is None:
             reply["out_digests"] = [digest(tensors_of(o), cmd["a"], cmd["b"]) for o in outs]
+        reply["peak_bytes"] = peak_memory_bytes(self.device)
         return reply
 
     def handover(self, cmd):
@@ -304,6 +305,18 @@ class Worker:
         if self.block is None or self.block[0] != cmd["id"]:
             raise RuntimeError(f"no block {cmd['id']} to {cmd['op']}")
         return self.block
+
+
+def peak_memory_bytes(device):
+    """This worker's peak memory so far: GPU memory its allocator reserved (what another tenant
+    of the GPU cannot have), or its resident memory on CPU. Only the reference worker's number is
+    trusted; it is what a plan of the GPU's memory needs (each measurement also holds a candidate
+    worker of about the same size)."""
+    if device == "cuda":
+        import torch
+        return torch.cuda.max_memory_reserved()
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _read_exact(path, n):

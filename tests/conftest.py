@@ -24,6 +24,17 @@ HAS_CUDA = torch.cuda.is_available()
 torch.set_num_threads(1)
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# A decoy Hugging Face cache for the whole run: it holds an `openai/gpt-oss-20b` entry whose
+# config is not a model's, so a test that picks up "the cached GPT-OSS" instead of the model it
+# pins fails here the same way it would on a machine where the real weights are cached.
+_HF_DECOY = tempfile.mkdtemp(prefix="gpu-forecasters-hf-")
+_snapshot = Path(_HF_DECOY, "hub", "models--openai--gpt-oss-20b", "snapshots", "0" * 40)
+_snapshot.mkdir(parents=True)
+(_snapshot / "config.json").write_text('{"decoy": "tests must pin their model; this is not GPT-OSS"}')
+(_snapshot.parent.parent / "refs").mkdir()
+(_snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+os.environ["HF_HOME"] = _HF_DECOY
+os.environ["HF_HUB_CACHE"] = str(Path(_HF_DECOY, "hub"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,3 +58,4 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+    shutil.rmtree(_HF_DECOY, ignore_errors=True)

@@ -321,6 +321,9 @@ def test_cli_json_on_a_triton_variant(tmp_path):
     assert out["status"] == "ok" and out["speedup"] > 0
     assert {"status", "speedup", "cases", "device", "harness_version", "timer"} <= out.keys()
     assert out["cases"][0]["candidate_ms"] > 0 and "candidate_spread" in out["cases"][0]
+    # The trusted worker's peak memory, what a plan of a shared GPU's memory needs: a Python with
+    # torch resident, under the worker's memory cap.
+    assert 0.05 < out["reference_peak_gb"] < 6.0
 
 
 def test_cli_bad_usage_is_one_line_and_nonzero(tmp_path):
