@@ -18,9 +18,14 @@ the other tasks. Then the surrogate's economics (skipped with --no-surrogate):
   - a GRPO step (votes format, 2 prompts x G = 8) on the same model, without prompt sharing, with
     it (gradient checkpointing on: the training pass cannot share), and with it and checkpointing
     off.
+Before all that: the suite's GPU-only tests (`pytest -m gpu`), and the timer's fixed cost (CUDA events
+around an empty callable and around one tiny kernel, next to do_bench's on the same); every
+measurement row carries the reference worker's peak GPU memory, the figure a plan of a GPU shared
+with the language model needs. Each section says how long it took (the whole run is sized for
+under 8 minutes on an H100/H200).
 With --record it appends every table, dated and with the GPU's name, to docs/gpu_runs.md.
 
-    python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick] [--no-surrogate]
+    python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick] [--no-surrogate] [--no-tests]
 
 It needs a CUDA GPU, and runs on older stacks too (torch 2.11 / triton 3.6).
 """
@@ -55,6 +60,50 @@ def do_bench_ms(fn, data):
 
 def peak_bandwidth(name):
     return next((bw for key, bw in measure.PEAK_BANDWIDTH.items() if key in name), None)
+
+
+# ---- the suite's GPU tests and the timer's own cost ----------------------------------------------
+
+def gpu_tests(emit, timeout_s=240):
+    """`pytest -m gpu` in a child process: the tests only a GPU can settle."""
+    import subprocess
+    emit("### the suite's GPU-only tests (`pytest -m gpu`)")
+    emit("")
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        lines = r.stdout.strip().splitlines()
+        failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        emit(f"exit {r.returncode}: {lines[-1] if lines else r.stderr.strip()[-300:]}")
+        for ln in failed:
+            emit(f"- {ln[:300]}")
+    except subprocess.TimeoutExpired:
+        emit(f"did not finish in {timeout_s} s")
+    emit("")
+
+
+def timer_overhead(emit):
+    """What the worker's timer adds by itself: CUDA events around nothing, and around one tiny
+    kernel; do_bench's figure for the tiny kernel beside it."""
+    import statistics
+
+    import triton.testing
+
+    from measure_worker import CudaTimer
+    timer = CudaTimer()
+    x = torch.zeros(1, device="cuda")
+    emit("### the timer's fixed cost (200 calls, L2 flush before each, as in measure.py)")
+    emit("")
+    emit("| timed callable | median us | p10 us | p90 us | do_bench median us |")
+    emit("|---|---|---|---|---|")
+    for name, fn in (("empty callable", lambda d: None), ("one tiny kernel, x.add_(1)", lambda d: x.add_(1))):
+        timer.run(fn, [None] * 20)
+        ms = sorted(timer.run(fn, [None] * 200)[1])
+        db = "-" if name.startswith("empty") else f"{triton.testing.do_bench(lambda: x.add_(1), return_mode='median') * 1e3:.1f}"
+        emit(f"| {name} | {statistics.median(ms) * 1e3:.1f} | {ms[20] * 1e3:.1f} | {ms[180] * 1e3:.1f} | {db} |")
+    emit("")
+    del timer
+    torch.cuda.empty_cache()
 
 
 # ---- the surrogate's economics -----------------------------------------------------------------
@@ -216,6 +265,7 @@ def main():
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="measure without bubblewrap (for a machine where it cannot run; the kernels "
                         "measured here are the project's own)")
+    parser.add_argument("--no-tests", action="store_true", help="skip the suite's GPU-only tests (`pytest -m gpu`)")
     parser.add_argument("--no-surrogate", action="store_true",
                         help="skip the surrogate's sections (measurements per GPU-minute, forecast cost, GRPO step)")
     parser.add_argument("--throughput-candidates", type=int, default=4,
@@ -239,19 +289,32 @@ def main():
         print(s, flush=True)
         lines.append(s)
 
+    def took(since):
+        emit(f"(section: {time.time() - since:.0f} s)")
+        emit("")
+        return time.time()
+
+    t = t_start
+    if not args.no_tests:
+        gpu_tests(emit)
+        t = took(t)
+    timer_overhead(emit)
+    t = took(t)
+
     if "cross_entropy" in tasks:
         task = get_task("cross_entropy")
         kernels = [seed_path("cross_entropy")] + variant_paths("cross_entropy")
         emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
         emit("")
-        emit("| kernel | status | geomean speedup | " + " | ".join(
+        emit("| kernel | status | geomean speedup | reference worker peak GiB | " + " | ".join(
             f"V={c['V']} ms (measure / do_bench / ratio) | V={c['V']} GB/s at 4BV" for c in task.BENCHMARK_CASES) + " |")
-        emit("|" + "---|" * (3 + 2 * len(task.BENCHMARK_CASES)))
+        emit("|" + "---|" * (4 + 2 * len(task.BENCHMARK_CASES)))
         best = None
         for path in kernels:
             m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
                                 unsafe_no_sandbox=args.unsafe_no_sandbox)
-            cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-"]
+            cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-",
+                     f"{m.reference_peak_gb:.1f}" if m.reference_peak_gb else "-"]
             if m.status == "ok":
                 fn = load_kernel(path)
                 for case, row in zip(task.BENCHMARK_CASES, m.cases):
@@ -287,24 +350,27 @@ def main():
             emit(f"Repeat of {path.stem} x3: speedups {', '.join(f'{r:.3f}' for r in reps)} "
                  f"(mean {mean:.3f}, sd {sd:.3f}, {sd / mean:.1%})")
             emit("")
+        t = took(t)
 
     others = [t for t in tasks if t != "cross_entropy"]
     if others:
         emit("### other tasks: seed and variants through measure.py at benchmark shapes")
         emit("")
-        emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | wall s |")
-        emit("|---|---|---|---|---|---|")
+        emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | reference worker peak GiB | wall s |")
+        emit("|---|---|---|---|---|---|---|")
         for name in others:
             for path in [seed_path(name)] + variant_paths(name):
                 m = measure.measure(name, path.read_text(), device="cuda", use_cache=False, quick=True,
                                     unsafe_no_sandbox=args.unsafe_no_sandbox)
                 per_case = ", ".join(f"{r['candidate_ms']:.3f} (±{r['candidate_spread']:.0%})" for r in m.cases) or m.message[:80]
                 emit(f"| {name} | {path.stem} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | "
-                     f"{per_case} | {m.wall_s} |")
+                     f"{per_case} | {f'{m.reference_peak_gb:.1f}' if m.reference_peak_gb else '-'} | {m.wall_s} |")
                 torch.cuda.empty_cache()
         emit("")
+        t = took(t)
     if not args.no_surrogate:
         surrogate_sections(emit, args)
+        t = took(t)
     emit(f"Total time {time.time() - t_start:.0f} s.")
 
     if args.record:

@@ -381,3 +381,33 @@ def custom_kernel(data):
     m = run(src, use_cache=True, cache_dir=tmp_path)
     assert m.status == "crashed" and "out of memory in the harness" in m.message, m.message
     assert not list(tmp_path.glob("*.json"))
+
+
+# ---- on a GPU only (`pytest -m gpu`) ------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_timer_agrees_with_do_bench_and_its_fixed_cost_is_small():
+    """The worker's timer against Triton's do_bench on a bf16 matmul of ~0.1-1 ms, and on an empty
+    callable (what the timer adds by itself: two events and nothing between them)."""
+    import statistics
+
+    import torch
+    import triton.testing
+
+    from measure_worker import CudaTimer
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    timer = CudaTimer()
+    timer.run(lambda x: x @ x, [a] * 5)  # warm-up: cuBLAS picks its kernel
+    ours = statistics.median(timer.run(lambda x: x @ x, [a] * 50)[1])
+    theirs = triton.testing.do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
+    assert 0.8 < ours / theirs < 1.25, (ours, theirs)
+    empty = statistics.median(timer.run(lambda x: None, [None] * 200)[1])
+    assert empty < 0.02, f"the timer alone costs {empty * 1e3:.1f} us per call"
+
+
+@pytest.mark.gpu
+def test_reference_worker_reports_its_peak_gpu_memory():
+    m = measure.measure(TASK, seed_source(TASK), device="cuda", use_cache=False, quick=True)
+    assert m.status == "ok", m.message
+    # cross_entropy's benchmark shapes hold GB of logits per call; a block holds several calls.
+    assert 1.0 < m.reference_peak_gb < 80.0, m.reference_peak_gb

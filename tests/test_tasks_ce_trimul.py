@@ -347,3 +347,22 @@ def test_the_cpu_worker_refuses_grids_a_gpu_refuses(monkeypatch):
     measure_worker.enforce_cuda_grid_limits()
     with pytest.raises(ValueError, match="65536 programs on axis 1.*put the largest axis first"):
         interpreter.InterpreterBuilder.set_grid_dim(interpreter.interpreter_builder, 4, 65536, 1)
+
+
+@pytest.mark.gpu
+def test_trimul_fused_variant_launches_on_a_gpu_at_every_benchmark_shape_and_tuning():
+    """What the interpreter's grid check stands in for: the real launch, every tuning, one call."""
+    task = get_task("trimul")
+    path = KERNELS_DIR / "trimul" / "fused_projections.py"
+    ns = load_kernel(path)
+    tunables = _tunables(path)
+    for case in task.BENCHMARK_CASES:
+        data = task.generate_input(case, 0, device="cuda")
+        expected = task.reference(data)
+        for block_m in tunables["BLOCK_M"][1]:
+            for block_h in tunables["BLOCK_H"][1]:
+                ns["BLOCK_M"], ns["BLOCK_H"] = block_m, block_h
+                ok, msg = task.check(ns["custom_kernel"](data), expected)
+                assert ok, f"{case} BLOCK_M={block_m} BLOCK_H={block_h}: {msg}"
+        del data, expected
+        torch.cuda.empty_cache()
