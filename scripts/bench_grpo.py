@@ -1,17 +1,26 @@
 """bench_grpo.py: step time and peak memory of train_grpo.py's GRPO step, measured, never estimated.
 
-Always: a random tiny GPT-OSS (2 layers, hidden 64, 4 experts) on CPU with the votes answer format
-on a synthetic task (8 prompts x G = 8 samples per step, as the paper). With a CUDA GPU as well: the
-model given by --gpu-model (default openai/gpt-oss-20b, if its weights are on the machine) with the
-forecaster's real prompt on training rows from --gpu-data, max --gpu-max-new-tokens new tokens.
-The first step is a warm-up and is not counted. Prints one table row per run with the machine name.
+Always: a random tiny GPT-OSS (2 layers, hidden 64, 4 experts) on CPU (the GPU hidden from it, even
+on a GPU machine) with the votes answer format on a synthetic task (8 prompts x G = 8 samples per
+step, as the paper). With a CUDA GPU as well: the model given by --gpu-model (default
+openai/gpt-oss-20b, if its weights are on the machine) with the forecaster's real prompt on training
+rows from --gpu-data. Its default answer format is votes (K constrained bin digits after the real
+prompt): the prompt's thousands of tokens, the policy's log-probs and the backward pass are what a
+step costs, and every sample gets a reward. With --gpu-answer-format json the model reasons first:
+give it enough --gpu-max-new-tokens, or every completion is truncated, every reward is 0, every
+group is dropped and no backward pass runs; such a row is labelled and the script exits 1.
+
+Each run is its own process (peak memory and the accelerate state are per process). The first step
+is a warm-up and is not counted. Prints one table row per run with the machine name.
 
     python scripts/bench_grpo.py [--steps 4] [--gpu-model openai/gpt-oss-20b --gpu-data rows.jsonl]
 """
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,10 +44,14 @@ def machine():
 
 def summarise(name, log):
     timed = log[1:] or log  # step 1 includes one-off work (allocator, kernels)
-    return {"run": name, "steps": len(timed),
-            "step_s": statistics.median(r["step_time_s"] for r in timed),
+    # A step whose groups were all dropped (equal rewards: no advantage) runs no backward pass:
+    # its time is sampling and scoring only.
+    trained = [r for r in timed if r["groups_kept"] > 0]
+    return {"run": name, "steps": len(timed), "trained_steps": len(trained),
+            "step_s": statistics.median(r["step_time_s"] for r in (trained or timed)),
             "peak_gib": max(r["peak_memory_bytes"] for r in log) / 2 ** 30,
-            "tokens/step": statistics.mean(r["tokens"] for r in timed)}
+            "tokens/step": statistics.mean(r["tokens"] for r in timed),
+            "parse_rate": statistics.mean(r["parse_rate"] for r in timed)}
 
 
 def bench_tiny(steps, folder):
@@ -59,43 +72,82 @@ def bench_gpu(args, folder):
     if not args.gpu_data:
         print("GPU run skipped: pass --gpu-data (training rows, JSON Lines)", file=sys.stderr)
         return None
+    fmt = args.gpu_answer_format
     targs = train_grpo.build_parser().parse_args(
         ["--data", args.gpu_data, "--out", str(folder / "gpu"), "--model", args.gpu_model,
          "--steps", str(args.steps), "--max-new-tokens", str(args.gpu_max_new_tokens),
+         "--answer-format", fmt, "--reasoning-effort", args.gpu_reasoning,
          "--save-every", "1000", "--micro-batch-size", "1"])
     try:
         result = train_grpo.train(targs)
     except (ValueError, OSError, torch.cuda.OutOfMemoryError) as e:
         print(f"GPU run with {args.gpu_model} failed: {str(e).splitlines()[0]}", file=sys.stderr)
         return None
-    return summarise(f"{args.gpu_model}, json, 8x8, <= {args.gpu_max_new_tokens} new tokens",
-                     result["log"])
+    what = "4 vote digits" if fmt == "votes" else f"<= {args.gpu_max_new_tokens} new tokens, {args.gpu_reasoning} reasoning"
+    return summarise(f"{args.gpu_model}, {fmt}, 8x8, {what}", result["log"])
+
+
+def run_in_child(which, args):
+    """One run in its own process: the tiny run never sees a GPU, and neither run inherits the
+    other's peak memory or accelerate state."""
+    env = dict(os.environ)
+    if which == "tiny":
+        env.update(CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
+    argv = [sys.executable, __file__, "--one", which, "--steps", str(args.steps), "--gpu-model", args.gpu_model,
+            "--gpu-max-new-tokens", str(args.gpu_max_new_tokens), "--gpu-answer-format", args.gpu_answer_format,
+            "--gpu-reasoning", args.gpu_reasoning] + (["--gpu-data", args.gpu_data] if args.gpu_data else [])
+    r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=False)
+    if r.returncode != 0 or not r.stdout.strip():
+        print(f"{which} run failed (exit {r.returncode})", file=sys.stderr)
+        return None
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    if row:
+        row["machine"] = "CPU: " + machine() if which == "tiny" else machine()
+    return row
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Measure GRPO step time and peak memory.")
     ap.add_argument("--steps", type=int, default=4, help="steps per run, the first not counted (default 4)")
     ap.add_argument("--gpu-model", default="openai/gpt-oss-20b", help="model for the GPU run")
-    ap.add_argument("--gpu-data", default=None, help="training rows for the GPU run")
-    ap.add_argument("--gpu-max-new-tokens", type=int, default=512, help="completion budget of the GPU run")
+    ap.add_argument("--gpu-data", default=None, help="training rows for the GPU run (JSON Lines; without it no GPU run)")
+    ap.add_argument("--gpu-answer-format", choices=("votes", "json"), default="votes",
+                    help="votes: 4 constrained digits after the real prompt (default); json: the forecaster's "
+                    "reasoned answer (needs thousands of new tokens)")
+    ap.add_argument("--gpu-max-new-tokens", type=int, default=4096,
+                    help="completion budget of the GPU run with --gpu-answer-format json (default 4096)")
+    ap.add_argument("--gpu-reasoning", choices=("low", "medium", "high"), default="low",
+                    help="GPT-OSS reasoning effort of the GPU run (default low)")
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    ap.add_argument("--one", choices=("tiny", "gpu"), help=argparse.SUPPRESS)  # a child process's single run
     args = ap.parse_args(argv)
     if args.steps < 2:
         print("error: --steps must be >= 2 (the first step is a warm-up)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench_tiny(args.steps, Path(tmp))]
-        if torch.cuda.is_available():
-            rows.append(bench_gpu(args, Path(tmp)))
+    if args.one:
+        with tempfile.TemporaryDirectory() as tmp:
+            row = bench_tiny(args.steps, Path(tmp)) if args.one == "tiny" else bench_gpu(args, Path(tmp))
+        print(json.dumps(row))
+        return 0
+    rows = [run_in_child("tiny", args)]
+    if torch.cuda.is_available():
+        rows.append(run_in_child("gpu", args))
     rows = [r for r in rows if r]
-    print(f"\nmachine: {machine()}   torch {torch.__version__}")
-    print(f"{'run':<58} {'steps':>5} {'step s':>8} {'peak GiB':>9} {'tokens/step':>11}")
+    print(f"\ntorch {torch.__version__}")
+    print(f"{'run':<66} {'machine':<40} {'steps':>5} {'trained':>7} {'step s':>8} {'peak GiB':>9} {'tokens/step':>11}")
     for r in rows:
-        print(f"{r['run']:<58} {r['steps']:>5} {r['step_s']:>8.3f} {r['peak_gib']:>9.2f} {r['tokens/step']:>11.0f}")
+        print(f"{r['run']:<66} {r['machine'][:40]:<40} {r['steps']:>5} {r['trained_steps']:>7} {r['step_s']:>8.3f} "
+              f"{r['peak_gib']:>9.2f} {r['tokens/step']:>11.0f}")
+    print("trained: timed steps with a backward pass (a step whose groups all got equal rewards has none)")
     print("peak memory: torch.cuda.max_memory_allocated on a GPU, the process's ru_maxrss on CPU")
+    untrained = [r["run"] for r in rows if r["trained_steps"] == 0]
+    for name in untrained:
+        print(f"warning: {name}: no timed step ran a backward pass, so its step time leaves out training "
+              "(completions truncated or unparsed: raise --gpu-max-new-tokens or use --gpu-answer-format votes)",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(rows))
-    return 0
+    return 1 if untrained else 0
 
 
 if __name__ == "__main__":
