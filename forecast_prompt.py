@@ -4,16 +4,16 @@ A "GPU execution simulator" system message with the speedup definition and the b
 message with the task name and description (from tasks/), the reference kernel fenced as python,
 a table of the hardware (read from the GPU when one is present, or a named profile: a100-80gb as
 in the paper, h100, h200), then the candidate kernel, plus the schema of the answer tool
-`submit_kernel_runtime_estimate`. The bin table is generated from metrics.py, the same edges that
+`submit_kernel_runtime_estimate`. The bin table is generated from bins.py, the same edges that
 label the data, so the prompt and the labels can never disagree (the original's mismatch).
 The candidate comes last (the original put the hardware after it): everything before it is the
 same for every candidate of a task, so a model computes it once (shared_messages).
 forecaster.py re-exports everything here; train_grpo.py uses the same prompt.
 """
-import metrics
+import bins
 
 TOOL_NAME = "submit_kernel_runtime_estimate"
-PROB_FIELDS = tuple("p_" + name.replace(" ", "_") for name in metrics.BIN_NAMES)
+PROB_FIELDS = tuple("p_" + name.replace(" ", "_") for name in bins.BIN_NAMES)
 
 # ---- hardware -------------------------------------------------------------------------------------
 
@@ -69,9 +69,9 @@ def _edge(x):
 
 
 def bin_table():
-    """Markdown table of the bins, from metrics.py (the one bin definition)."""
+    """Markdown table of the bins, from bins.py (the one bin definition)."""
     rows = ["| bin | name | speedup interval |", "|---|---|---|"]
-    rows += [f"| {b} | {metrics.BIN_NAMES[b - 1]} | {metrics.bin_label(b)} |" for b in metrics.BINS]
+    rows += [f"| {b} | {bins.BIN_NAMES[b - 1]} | {bins.bin_label(b)} |" for b in bins.BINS]
     return "\n".join(rows)
 
 
@@ -84,19 +84,19 @@ FACTORS = ("total work (FLOPs) and operator fusion", "memory access patterns and
 
 
 def system_prompt():
-    edges = ", ".join(_edge(e) for e in metrics.BIN_EDGES)
+    edges = ", ".join(_edge(e) for e in bins.BIN_EDGES)
     fields = ", ".join(PROB_FIELDS)
     factors = "\n".join(f"- {f}" for f in FACTORS)
     return f"""You are a GPU execution simulator. You are shown a reference GPU kernel and a candidate kernel that computes the same task, and you forecast how fast the candidate runs compared with the reference, without running either.
 
-Speedup S = reference runtime / candidate runtime. S > 1 means the candidate is faster. S falls into one of {metrics.N_BINS} bins, half an octave wide, each lower edge inclusive (edges at S = {edges}):
+Speedup S = reference runtime / candidate runtime. S > 1 means the candidate is faster. S falls into one of {bins.N_BINS} bins, half an octave wide, each lower edge inclusive (edges at S = {edges}):
 
 {bin_table()}
 
 Consider, for both kernels on the given hardware:
 {factors}
 
-Answer by calling the tool {TOOL_NAME} exactly once with: predicted_bin (the most likely bin, 1 to {metrics.N_BINS}); the {metrics.N_BINS} probabilities {fields}, each between 0 and 1 and summing to 1 (usually concentrated on one or two adjacent bins); and reasoning, 1 to 3 sentences. If you cannot call tools, reply with the same JSON object in a ```json block."""
+Answer by calling the tool {TOOL_NAME} exactly once with: predicted_bin (the most likely bin, 1 to {bins.N_BINS}); the {bins.N_BINS} probabilities {fields}, each between 0 and 1 and summing to 1 (usually concentrated on one or two adjacent bins); and reasoning, 1 to 3 sentences. If you cannot call tools, reply with the same JSON object in a ```json block."""
 
 
 def _fence(code):
@@ -152,11 +152,11 @@ FORECAST_TOOL = {"type": "function", "function": {
     "parameters": {
         "type": "object",
         "properties": {
-            "predicted_bin": {"type": "integer", "minimum": 1, "maximum": metrics.N_BINS,
+            "predicted_bin": {"type": "integer", "minimum": 1, "maximum": bins.N_BINS,
                               "description": "the most likely bin"},
             **{f: {"type": "number", "minimum": 0, "maximum": 1,
-                   "description": f"probability of bin {b}, {metrics.BIN_NAMES[b - 1]} ({metrics.bin_label(b)})"}
-               for b, f in zip(metrics.BINS, PROB_FIELDS)},
+                   "description": f"probability of bin {b}, {bins.BIN_NAMES[b - 1]} ({bins.bin_label(b)})"}
+               for b, f in zip(bins.BINS, PROB_FIELDS)},
             "reasoning": {"type": "string", "description": "1-3 sentences"},
         },
         "required": ["predicted_bin", *PROB_FIELDS, "reasoning"],

@@ -2,11 +2,11 @@
 
 The paper's central object. Given a task, a reference kernel and a candidate kernel, a language
 model reasons about both and forecasts the candidate's speedup S = reference_time / candidate_time
-as 8 probabilities over the log-spaced bins of metrics.py. A selective gate then trusts confident
+as 8 probabilities over the log-spaced bins of bins.py. A selective gate then trusts confident
 forecasts and defers uncertain ones to a real GPU measurement.
 
     build_messages  the prompt: a "GPU execution simulator" system message with the bin table
-                    (generated from metrics.py, so prompt and labels never disagree) and a user
+                    (generated from bins.py, so prompt and labels never disagree) and a user
                     message with the task, both kernels (fenced as python) and a hardware table
     parse_answer    the model's answer, the tool call `submit_kernel_runtime_estimate`, into a
                     Forecast; never raises: anything unusable is a parse failure with a reason
@@ -31,7 +31,7 @@ Parsing rules (documented choices where the paper leaves room):
   - required fields: predicted_bin (integer 1..8), p_severe_slowdown .. p_extreme_speedup (numbers
     in [0, 1], not all zero) and a non-empty reasoning string; otherwise a parse failure.
   - probabilities are renormalised to sum 1; raw_sum keeps the sum the model wrote.
-  - predicted_bin = argmax of the probabilities (metrics.predicted_bin), so the bin that is scored
+  - predicted_bin = argmax of the probabilities (bins.predicted_bin), so the bin that is scored
     and the confidence always come from the same distribution. The model's own predicted_bin is
     kept as stated_bin; Forecast.bin_disagrees records when the two differ.
 
@@ -50,7 +50,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import metrics
+import bins
+import selective
 from forecaster_backends import (DEFAULT_MODEL, REASONING_EFFORTS, Completion, ModelNotFound,  # noqa: F401
                                  OpenAIServerBackend, TransformersBackend, embedded_backend,
                                  model_not_found_message, _weights_available)
@@ -59,7 +60,7 @@ from forecast_prompt import (FACTORS, FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIE
                              bin_table, build_messages, hardware_info, hardware_table, shared_messages,
                              system_prompt)
 
-DIGITS = tuple(str(b) for b in metrics.BINS)
+DIGITS = tuple(str(b) for b in bins.BINS)
 ANSWER_PREFIX = '{"predicted_bin": '
 DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "forecasts"
 
@@ -86,15 +87,15 @@ class Forecast:
         return self.stated_bin is not None and self.predicted_bin is not None and self.stated_bin != self.predicted_bin
 
     def confidence(self, kind="maxprob"):
-        return None if self.probs is None else metrics.confidence(self.probs, kind)
+        return None if self.probs is None else bins.confidence(self.probs, kind)
 
     @property
     def expected_bin(self):
-        return None if self.probs is None else metrics.expected_bin(self.probs)
+        return None if self.probs is None else bins.expected_bin(self.probs)
 
     @property
     def expected_log2_speedup(self):
-        return None if self.probs is None else metrics.expected_log2_speedup(self.probs)
+        return None if self.probs is None else bins.expected_log2_speedup(self.probs)
 
     def to_dict(self):
         return asdict(self)
@@ -114,7 +115,7 @@ def _from_probs(raw, **kw):
     if not total > 0:
         return None
     probs = [p / total for p in raw]
-    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=total, **kw)
+    return Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=total, **kw)
 
 
 def _is_number(x):
@@ -136,8 +137,8 @@ def forecast_from_args(args):
         raw.append(float(v))
     stated = args["predicted_bin"]
     if not _is_number(stated) or not math.isfinite(stated) or stated != int(stated) \
-            or not 1 <= stated <= metrics.N_BINS:
-        return failure(f"predicted_bin must be an integer in 1..{metrics.N_BINS}: {stated!r}"[:200])
+            or not 1 <= stated <= bins.N_BINS:
+        return failure(f"predicted_bin must be an integer in 1..{bins.N_BINS}: {stated!r}"[:200])
     reasoning = args["reasoning"]
     if not isinstance(reasoning, str) or not reasoning.strip():
         return failure("empty reasoning")
@@ -395,8 +396,8 @@ class Gate:
     threshold: float = 0.5
 
     def __post_init__(self):
-        if self.score not in metrics.CONFIDENCE_KINDS:
-            raise ValueError(f"unknown gate score {self.score!r}; choose one of: {', '.join(metrics.CONFIDENCE_KINDS)}")
+        if self.score not in bins.CONFIDENCE_KINDS:
+            raise ValueError(f"unknown gate score {self.score!r}; choose one of: {', '.join(bins.CONFIDENCE_KINDS)}")
 
     def decide(self, forecast):
         if forecast.parse_failed or forecast.probs is None:
@@ -411,7 +412,7 @@ class Gate:
         threshold meets the target the gate defers everything (threshold inf)."""
         conf = [f.confidence(score) for f in forecasts]
         correct = [f.predicted_bin == int(y) for f, y in zip(forecasts, true_bins)]
-        best = metrics.guaranteed_risk_threshold(conf, correct, target_risk, delta)
+        best = selective.guaranteed_risk_threshold(conf, correct, target_risk, delta)
         return cls(score=score, threshold=math.inf if best is None else best["threshold"])
 
 
@@ -510,9 +511,9 @@ def choose_backend(args):
 
 def bar_chart(forecast, width=30):
     lines = []
-    for b, p in zip(metrics.BINS, forecast.probs):
+    for b, p in zip(bins.BINS, forecast.probs):
         bar = "#" * round(p * width)
-        lines.append(f"{b} {metrics.BIN_NAMES[b - 1]:<20} {metrics.bin_label(b):<15} |{bar:<{width}}| {p:5.3f}")
+        lines.append(f"{b} {bins.BIN_NAMES[b - 1]:<20} {bins.bin_label(b):<15} |{bar:<{width}}| {p:5.3f}")
     return "\n".join(lines)
 
 
@@ -539,7 +540,7 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="sampling seed (repeat k uses seed + k)")
     p.add_argument("--hardware", choices=sorted(HARDWARE_PROFILES),
                    help="hardware profile shown to the model (default: this machine's GPU, else a100-80gb)")
-    p.add_argument("--gate-score", default="maxprob", choices=metrics.CONFIDENCE_KINDS, help="confidence score the gate uses")
+    p.add_argument("--gate-score", default="maxprob", choices=bins.CONFIDENCE_KINDS, help="confidence score the gate uses")
     p.add_argument("--threshold", type=float, default=0.5, help="gate threshold: trust when the score is at least this")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="forecast cache folder")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the forecast cache")

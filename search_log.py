@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-import metrics
+import bins
 
 
 class SearchError(Exception):
@@ -115,7 +115,7 @@ def training_row(task, run, node_id, anchor_code, code, measurement, pair_type):
     anchor is the task's seed, the reference the forecaster compares against."""
     s = measurement["speedup"]
     return {"row_id": f"{run}/{node_id}", "pack": task, "anchor_code": anchor_code, "candidate_code": code, "aggregated_speedup": s,
-            "relative_bin": metrics.speedup_to_bin(s), "hardware": measurement.get("device", ""),
+            "relative_bin": bins.speedup_to_bin(s), "hardware": measurement.get("device", ""),
             "pair_type": pair_type, "source_id": f"search:{run}:{node_id}"}
 
 

@@ -12,8 +12,8 @@ under training, loading, LoRA, prompt rendering and sampling, are in grpo_policy
 
 Reward (a parse failure scores 0 in every variant), y = the true bin of the measured speedup:
     correctness = 1[predicted bin == y]            (predicted bin = argmax of the probabilities)
-    brier       = correctness + (1 - Brier(p, y))  (half-Brier, metrics.brier)
-    crps        = correctness + (1 - CRPS(p, y))   (ranked probability score / 7, metrics.crps)
+    brier       = correctness + (1 - Brier(p, y))  (half-Brier, bins.brier)
+    crps        = correctness + (1 - CRPS(p, y))   (ranked probability score / 7, bins.crps)
 Advantage: A = reward - mean of its group (the G samples of one prompt); --scale-std also divides
 by the group's sample std. Groups whose rewards are all equal carry no signal and are dropped.
 
@@ -73,8 +73,9 @@ import torch
 
 import forecaster
 import forecaster_backends
+import bins
 import metrics
-import metrics_io
+from dataset import load_predictions
 from grpo_policy import (DIGITS, add_lora, backward_prompt, checkpointing, collate,  # noqa: F401
                          completion_logprobs, detached, load_base, make_prompt_fn, parse_votes,
                          prompt_kv, sample)
@@ -108,7 +109,7 @@ def load_rows(path):
                              f"needs {', '.join(REQUIRED_FIELDS)}")
         stated = row.get("relative_bin", row.get("true_bin"))  # RL pool / eval-set schema
         try:
-            row["true_bin"] = metrics.speedup_to_bin(row["aggregated_speedup"])
+            row["true_bin"] = bins.speedup_to_bin(row["aggregated_speedup"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}:{n}: aggregated_speedup: {e}")
         if stated is not None and stated != row["true_bin"]:
@@ -119,7 +120,7 @@ def load_rows(path):
         raise ValueError(f"{path}: holds no training rows")
     if disagree:
         warnings.warn(f"{path}: {disagree} row(s) state a relative_bin that disagrees with "
-                      f"aggregated_speedup; using the bin of the speedup (metrics.speedup_to_bin)")
+                      f"aggregated_speedup; using the bin of the speedup (bins.speedup_to_bin)")
     return rows
 
 
@@ -156,13 +157,13 @@ def reward(forecast, true_bin, kind):
     """The paper's rewards; a parse failure scores 0 in every variant."""
     if forecast.parse_failed or forecast.probs is None:
         return 0.0
-    correct = float(metrics.predicted_bin(forecast.probs) == true_bin)
+    correct = float(bins.predicted_bin(forecast.probs) == true_bin)
     if kind == "correctness":
         return correct
     if kind == "brier":
-        return correct + 1.0 - metrics.brier(forecast.probs, true_bin)
+        return correct + 1.0 - bins.brier(forecast.probs, true_bin)
     if kind == "crps":
-        return correct + 1.0 - metrics.crps(forecast.probs, true_bin)
+        return correct + 1.0 - bins.crps(forecast.probs, true_bin)
     raise ValueError(f"unknown reward {kind!r}; choose one of: {', '.join(REWARDS)}")
 
 
@@ -275,7 +276,7 @@ def evaluate(model, backend, rows, prompt_fn, parse, args, out, max_new, allowed
             "seconds": round(s["seconds"], 4)})
     path = out / "predictions.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in preds))
-    summary = metrics.report(metrics_io.load_predictions(path))
+    summary = metrics.report(load_predictions(path))
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -286,12 +287,12 @@ def score_samples(forecasts, true_bin, kind):
     """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
     rewards = [reward(f, true_bin, kind) for f in forecasts]
     parsed = [f for f in forecasts if not f.parse_failed]
-    probs = [metrics.UNIFORM if f.parse_failed else f.probs for f in forecasts]
+    probs = [bins.UNIFORM if f.parse_failed else f.probs for f in forecasts]
     return rewards, {
         "n": len(forecasts), "reward": sum(rewards), "parsed": len(parsed),
-        "correct": sum(metrics.predicted_bin(f.probs) == true_bin for f in parsed),
-        "brier": sum(metrics.brier(p, true_bin) for p in probs),
-        "crps": sum(metrics.crps(p, true_bin) for p in probs)}
+        "correct": sum(bins.predicted_bin(f.probs) == true_bin for f in parsed),
+        "brier": sum(bins.brier(p, true_bin) for p in probs),
+        "crps": sum(bins.crps(p, true_bin) for p in probs)}
 
 
 def peak_memory_bytes(device):

@@ -22,7 +22,7 @@ evaluation, scored by metrics.report), and reports per reward the mean and sprea
 accuracy, mean confidence, ECE, Brier, CRPS, NLL and the total-variation distance of the forecast
 from q, the ratio of each proper reward's ECE to correctness's, and the incentive: how much more
 reward reporting q earns than reporting the mode alone. A reliability diagram puts the three
-rewards side by side (metrics_plots.plot_reliability_panels). Every number is measured by the run.
+rewards side by side (plots.plot_reliability_panels). Every number is measured by the run.
 
 Why the votes format: a model that must write 8 probabilities as text cannot learn to in minutes on
 a CPU, while K = 4 constrained digits parse from the first step. It also makes correctness's
@@ -48,10 +48,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import metrics  # noqa: E402
-import metrics_io  # noqa: E402
-import metrics_plots  # noqa: E402
+import bins  # noqa: E402
+import plots  # noqa: E402
 import train_grpo  # noqa: E402
+from dataset import load_predictions  # noqa: E402
 from forecaster import Forecast  # noqa: E402
 from grpo_policy import DIGITS  # noqa: E402
 
@@ -65,7 +65,7 @@ SHAPES = {  # offset from the level -> probability of that bin
 LEVELS = (3, 6)  # every bin in reach is an inner bin (a finite speedup interval)
 KINDS = tuple((level, shape) for level in LEVELS for shape in SHAPES)
 PROMPT_END = "votes:"
-VOCAB = ("<pad>", "<eos>", *DIGITS, PROMPT_END, *(f"L{b}" for b in metrics.BINS), *SHAPES)
+VOCAB = ("<pad>", "<eos>", *DIGITS, PROMPT_END, *(f"L{b}" for b in bins.BINS), *SHAPES)
 LABELS = {"correctness": "correctness", "brier": "correctness + Brier",
           "crps": "correctness + CRPS"}
 SCORES = ("accuracy", "confidence", "ece", "brier", "crps", "nll", "tv")
@@ -75,7 +75,7 @@ SCORES = ("accuracy", "confidence", "ece", "brier", "crps", "nll", "tv")
 
 def true_distribution(level, shape):
     """q: the 8 bin probabilities the true bin of a (level, shape) prompt is drawn from."""
-    q = np.zeros(metrics.N_BINS)
+    q = np.zeros(bins.N_BINS)
     for offset, p in SHAPES[shape].items():
         q[level + offset - 1] = p
     return q
@@ -87,15 +87,15 @@ def prompt_text(level, shape):
 
 def make_rows(n, seed):
     """n training rows (train_grpo's schema): a uniformly drawn kind, then its true bin drawn from
-    q, stored as the log-centre speedup of that bin so that metrics.speedup_to_bin gives it back."""
+    q, stored as the log-centre speedup of that bin so that bins.speedup_to_bin gives it back."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
         level, shape = KINDS[rng.integers(len(KINDS))]
-        b = int(rng.choice(metrics.BINS, p=true_distribution(level, shape)))
+        b = int(rng.choice(bins.BINS, p=true_distribution(level, shape)))
         rows.append({"row_id": f"s{seed}-{i}", "pack": "synthetic", "anchor_code": "",
                      "candidate_code": prompt_text(level, shape),
-                     "aggregated_speedup": 2.0 ** metrics.BIN_LOG2_SPEEDUP[b - 1],
+                     "aggregated_speedup": 2.0 ** bins.BIN_LOG2_SPEEDUP[b - 1],
                      "level": level, "shape": shape})
     return rows
 
@@ -104,13 +104,13 @@ def incentive(kind):
     """Mean over the prompt kinds of E_y~q[reward] of reporting q minus that of reporting the mode
     with probability 1: what a reward pays a policy for telling the truth about its uncertainty."""
     def one(probs, level, shape):
-        f = Forecast(probs=list(probs), predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0)
+        f = Forecast(probs=list(probs), predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
         q = true_distribution(level, shape)
-        return sum(q[y - 1] * train_grpo.reward(f, y, kind) for y in metrics.BINS if q[y - 1] > 0)
+        return sum(q[y - 1] * train_grpo.reward(f, y, kind) for y in bins.BINS if q[y - 1] > 0)
     gains = []
     for level, shape in KINDS:
         q = true_distribution(level, shape)
-        gains.append(one(q, level, shape) - one(np.eye(metrics.N_BINS)[np.argmax(q)], level, shape))
+        gains.append(one(q, level, shape) - one(np.eye(bins.N_BINS)[np.argmax(q)], level, shape))
     return float(np.mean(gains))
 
 
@@ -176,7 +176,7 @@ def run_one(opts, reward, seed, data, out):
                               prompt_fn=lambda row: tok.encode(row["candidate_code"]),
                               model=tiny_model(opts.arch, seed), tokenizer=tok)
     ev = result["eval"]
-    preds = metrics_io.load_predictions(out / "predictions.jsonl")
+    preds = load_predictions(out / "predictions.jsonl")
     kind_of = {r["row_id"]: (r["level"], r["shape"])
                for r in map(json.loads, data.read_text().splitlines())}
     parsed = [p for p in preds if p["probs"] is not None]
@@ -241,7 +241,7 @@ def run_demo(opts):
     summary = summarise(per_seed)
     plot = out / "reliability.png"
     pooled = f"{opts.seeds} seed{'s' if opts.seeds > 1 else ''} pooled"
-    metrics_plots.plot_reliability_panels(
+    plots.plot_reliability_panels(
         {f"GRPO reward: {LABELS[r]} ({pooled})": preds[r] for r in REWARDS}, plot)
     meta = {"machine": machine(), "wall_seconds": round(time.perf_counter() - t0, 1),
             "config": vars(opts), "plot": str(plot)}

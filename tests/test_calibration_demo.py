@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import metrics
+import bins
+import selective
 import train_grpo
 from grpo_policy import DIGITS, parse_votes
 
@@ -32,7 +33,7 @@ def test_true_distributions():
         support = np.flatnonzero(q) + 1
         assert np.argmax(q) + 1 == level  # the mode is the level (lowest bin on the split's tie)
         assert list(support) == list(range(support[0], support[-1] + 1))  # adjacent bins
-        assert 1 < support[0] and support[-1] < metrics.N_BINS  # inner bins only
+        assert 1 < support[0] and support[-1] < bins.N_BINS  # inner bins only
         assert (q * 4 == np.round(q * 4)).all()  # K = 4 votes can state q exactly
     assert [len(np.flatnonzero(demo.true_distribution(3, s))) for s in demo.SHAPES] == [1, 2, 2, 3]
 
@@ -47,9 +48,9 @@ def test_rows_follow_their_distribution(tmp_path):
         assert r["candidate_code"] == demo.prompt_text(r["level"], r["shape"])
         by_kind.setdefault((r["level"], r["shape"]), []).append(r["true_bin"])
     assert set(by_kind) == set(demo.KINDS)
-    for kind, bins in by_kind.items():
-        counts = Counter(bins)
-        freq = np.array([counts[b] for b in metrics.BINS]) / len(bins)
+    for kind, drawn in by_kind.items():
+        counts = Counter(drawn)
+        freq = np.array([counts[b] for b in bins.BINS]) / len(drawn)
         # ~500 rows a kind: a binomial share's std is <= 0.023; 0.08 is > 3 std
         assert np.abs(freq - demo.true_distribution(*kind)).max() < 0.08, (kind, freq)
     assert demo.make_rows(50, 3) == demo.make_rows(50, 3) != demo.make_rows(50, 4)
@@ -58,13 +59,13 @@ def test_rows_follow_their_distribution(tmp_path):
 def test_reporting_the_truth_is_calibrated_and_the_mode_is_not():
     rows = demo.make_rows(8000, seed=2)
     truth = [demo.true_distribution(r["level"], r["shape"]) for r in rows]
-    ys = [metrics.speedup_to_bin(r["aggregated_speedup"]) for r in rows]
+    ys = [bins.speedup_to_bin(r["aggregated_speedup"]) for r in rows]
     for probs, expect_ece in ((truth, 0.0), ([np.eye(8)[np.argmax(q)] for q in truth], 0.31)):
-        conf = [metrics.confidence(p) for p in probs]
-        hits = [metrics.predicted_bin(p) == y for p, y in zip(probs, ys)]
+        conf = [bins.confidence(p) for p in probs]
+        hits = [bins.predicted_bin(p) == y for p, y in zip(probs, ys)]
         # the same predicted bins, so the same accuracy: the mean mode probability, 0.6875
         assert np.mean(hits) == pytest.approx(0.6875, abs=0.02)
-        assert metrics.ece(conf, hits) == pytest.approx(expect_ece, abs=0.03)
+        assert selective.ece(conf, hits) == pytest.approx(expect_ece, abs=0.03)
 
 
 def test_only_the_proper_rewards_pay_for_the_truth():

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forecaster as F
-import metrics
+import bins
 from fake_openai_server import FakeOpenAIServer, error, final_text, logprobs
 from tiny_models import HARMONY_VOCAB, O200K_SHA256, load_smollm2, tiny_gpt_oss, use_o200k
 
@@ -45,9 +45,9 @@ def test_prompt_has_task_code_bins_and_hardware():
     from tasks import get_task
     system, user = F.build_messages("cross_entropy", REF, CAND, A100)
     assert (system["role"], user["role"]) == ("system", "user")
-    for b in metrics.BINS:  # the table is metrics.py's bins, names and intervals
-        assert f"| {b} | {metrics.BIN_NAMES[b - 1]} | {metrics.bin_label(b)} |" in system["content"]
-    for edge in metrics.BIN_EDGES:
+    for b in bins.BINS:  # the table is bins.py's bins, names and intervals
+        assert f"| {b} | {bins.BIN_NAMES[b - 1]} | {bins.bin_label(b)} |" in system["content"]
+    for edge in bins.BIN_EDGES:
         assert f"{edge:.4f}".rstrip("0").rstrip(".") in system["content"]
     assert "GPU execution simulator" in system["content"] and F.TOOL_NAME in system["content"]
     assert all(f in system["content"] for f in F.PROB_FIELDS)
@@ -86,7 +86,7 @@ def test_tool_schema_matches_bins():
     assert F.FORECAST_TOOL["function"]["name"] == F.TOOL_NAME
     assert params["required"] == ["predicted_bin", *F.PROB_FIELDS, "reasoning"]
     assert F.PROB_FIELDS[0] == "p_severe_slowdown" and F.PROB_FIELDS[-1] == "p_extreme_speedup"
-    assert params["properties"]["predicted_bin"]["maximum"] == metrics.N_BINS
+    assert params["properties"]["predicted_bin"]["maximum"] == bins.N_BINS
 
 
 def test_hardware_profiles_and_bad_profile():
@@ -208,7 +208,7 @@ def test_parser_never_raises(obj, noise, wrap):
         assert f.probs is None and isinstance(f.parse_error, str) and f.parse_error
     else:
         assert len(f.probs) == 8 and sum(f.probs) == pytest.approx(1.0) and 1 <= f.predicted_bin <= 8
-        assert all(0 <= p <= 1 for p in f.probs) and f.predicted_bin == metrics.predicted_bin(f.probs)
+        assert all(0 <= p <= 1 for p in f.probs) and f.predicted_bin == bins.predicted_bin(f.probs)
 
 
 @settings(max_examples=100, deadline=None)
@@ -277,7 +277,7 @@ def test_tiny_gpt_oss_end_to_end_both_readouts(o200k):
     batched = logit.forecast_many("cross_entropy", REF, [short, long])
     for f in batched:
         assert not f.parse_failed and f.readout == "logits" and sum(f.probs) == pytest.approx(1.0)
-        assert 0 < f.raw_sum <= 1 and f.predicted_bin == metrics.predicted_bin(f.probs)
+        assert 0 < f.raw_sum <= 1 and f.predicted_bin == bins.predicted_bin(f.probs)
     # the read-out is the model's own next-token distribution over the digits, and the left
     # padding of the batch (the short row) changes nothing: compare with an unpadded forward
     prompt = backend.answer_prompt(F.build_messages("cross_entropy", REF, short, A100), "", F.ANSWER_PREFIX,

@@ -11,8 +11,9 @@ import random
 
 import pytest
 
-import metrics
+import bins
 import search
+import selective
 from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, mutation_messages,
                       set_tunable, tunables)
 from forecaster import Gate
@@ -76,7 +77,7 @@ class BitMutator:
 class FakeForecast:
     def __init__(self, probs):
         self.parse_failed = probs is None
-        self.probs = None if probs is None else list(metrics.as_probs(probs))
+        self.probs = None if probs is None else list(bins.as_probs(probs))
 
     def to_dict(self):
         return {"probs": self.probs, "parse_failed": self.parse_failed}
@@ -312,7 +313,7 @@ def test_confidence_gate_with_a_fixed_threshold(tmp_path):
 
 def test_predicts_gain_compares_against_the_parents_measured_reward():
     f = as_forecast({"parse_failed": False, "probs": peaked(8, 0.9), "record": {}})
-    e = metrics.expected_log2_speedup(f.probs)  # about 1.56: a ~2.9x forecast vs the reference
+    e = bins.expected_log2_speedup(f.probs)  # about 1.56: a ~2.9x forecast vs the reference
     assert predicts_gain(f, 1.0) and predicts_gain(f, 2 ** (e - 0.01))
     assert not predicts_gain(f, 2 ** (e + 0.01)) and not predicts_gain(f, 8.0)
     # A logged forecast goes through forecaster.Gate, the project's one gate rule.
@@ -329,7 +330,7 @@ def test_confidence_gate_learns_its_threshold_from_measured_labels(tmp_path, mon
         calls.append((list(confidences), list(correct), target_risk, delta))
         return {"threshold": 0.5}
 
-    monkeypatch.setattr(metrics, "guaranteed_risk_threshold", fake_threshold)
+    monkeypatch.setattr(selective, "guaranteed_risk_threshold", fake_threshold)
     # Confidently predicts bin 1 (no gain) for everything.
     fc = ScriptedForecaster(lambda code: peaked(1, 0.9))
     s, summary, _ = run(tmp_path, gate="confidence", forecaster=fc, budget=20, steps=3, parents=1,
@@ -461,7 +462,7 @@ def test_outputs_and_training_rows(tmp_path):
                                             "pair_type", "source_id"}
     assert [r["pair_type"] for r in rows] == ["seed"] + ["parent_edit"] * 6
     assert all(r["anchor_code"] == "00000000\n" and r["hardware"] == "FakeGPU" for r in rows)
-    assert all(r["relative_bin"] == metrics.speedup_to_bin(r["aggregated_speedup"]) for r in rows)
+    assert all(r["relative_bin"] == bins.speedup_to_bin(r["aggregated_speedup"]) for r in rows)
     assert len({r["row_id"] for r in rows}) == 7
     assert (out / "best_kernel.py").read_text() == s.archive.best().code
     saved = json.loads((out / "summary.json").read_text())
@@ -702,7 +703,7 @@ def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypat
 
 def test_confidence_gate_with_the_real_guaranteed_risk_threshold(tmp_path):
     # A forecaster that is always right (the true bin of 1 + ones) and 95% sure of it.
-    fc = ScriptedForecaster(lambda code: peaked(metrics.speedup_to_bin(1 + code.count("1")), 0.95))
+    fc = ScriptedForecaster(lambda code: peaked(bins.speedup_to_bin(1 + code.count("1")), 0.95))
     s, summary, _ = run(tmp_path, seed_code="0" * 16 + "\n", gate="confidence", forecaster=fc, budget=24,
                         steps=8, parents=1, mutations=8, measure_per_parent=4, min_labels=10)
     taus = [e["payload"]["threshold"] for e in s.log.events if e["kind"] == "selection"]

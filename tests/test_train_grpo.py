@@ -32,14 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecaster  # noqa: E402
-import metrics  # noqa: E402
-import metrics_io  # noqa: E402
+import bins  # noqa: E402
+from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
 
 
 def fc(probs):
-    return forecaster.Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0)
+    return forecaster.Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
 
 
 # ---- rewards ---------------------------------------------------------------------------------
@@ -54,8 +54,8 @@ def test_rewards_exact():
     # true bin 5: a miss; half-Brier 0.5 * (0.01 + 0.36 + 0.49) = 0.43
     assert train_grpo.reward(fc(p), 5, "correctness") == 0.0
     assert train_grpo.reward(fc(p), 5, "brier") == pytest.approx(1 - 0.43)
-    # same scores as metrics.py
-    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - metrics.crps(p, 7))
+    # same scores as bins.py
+    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - bins.crps(p, 7))
     failed = forecaster.failure("no answer")
     for kind in train_grpo.REWARDS:
         assert train_grpo.reward(failed, 4, kind) == 0.0
@@ -67,7 +67,7 @@ def test_parse_votes():
     f = train_grpo.parse_votes("3 3 4 3", 4)
     assert f.probs == [0, 0, 0.75, 0.25, 0, 0, 0, 0] and f.predicted_bin == 3 and not f.parse_failed
     tie = train_grpo.parse_votes("6655", 4)
-    assert tie.predicted_bin == 5  # ties go to the lowest bin, as metrics.predicted_bin
+    assert tie.predicted_bin == 5  # ties go to the lowest bin, as bins.predicted_bin
     assert train_grpo.parse_votes("339", 4).parse_failed
 
 
@@ -314,7 +314,7 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
         assert key in log[0]
     assert log[0]["parse_rate"] == 1.0 and log[0]["peak_memory_bytes"] > 0
     assert (out / "checkpoint-000002" / "adapter_model.safetensors").exists()
-    preds = metrics_io.load_predictions(out / "predictions.jsonl")  # metrics.py's reader
+    preds = load_predictions(out / "predictions.jsonl")  # dataset.py's reader
     assert len(preds) == 2 and {p["readout"] for p in preds} == {"votes"}
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["n"] == 2 and summary["parse_rate"] == 1.0

@@ -1,13 +1,13 @@
-"""metrics_plots.py: the pictures behind metrics.py's numbers (split out to keep metrics.py short).
+"""plots.py: the project's pictures, in the paper's spirit.
 
-Three PNGs per forecaster, in the paper's spirit:
+For a forecaster (`python metrics.py PRED.jsonl --plots DIR`), three PNGs:
 - reliability diagram: accuracy against stated confidence (max-prob) in 10 equal-width buckets,
   with each bucket's row count, the diagonal being perfect calibration;
 - risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
   selective forecaster keeps risk low while it trusts most rows;
 - speedup recovered against the measurement budget, with the exact random-ranking baseline.
-matplotlib runs headless (Agg); metrics.py's CLI imports this module only for --plots, and
 scripts/calibration_demo.py draws its three rewards side by side with plot_reliability_panels.
+matplotlib runs headless (Agg); the modules that draw import this one only when they draw.
 """
 import re
 from pathlib import Path
@@ -17,7 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-import metrics  # noqa: E402
+from bins import CONFIDENCE_KINDS, hit  # noqa: E402
+from selective import aurc, ece, reliability, risk_coverage, row_confidence  # noqa: E402
 
 
 def _slug(name):
@@ -44,9 +45,9 @@ def plot_reliability_panels(groups, path):
 
 def draw_reliability(ax, rows, title=""):
     parsed = [r for r in rows if r["probs"] is not None]
-    buckets = metrics.reliability([metrics.row_confidence(r) for r in parsed],
-                                  [r["predicted_bin"] == r["true_bin"] for r in parsed])
-    filled = [(i, n, conf, acc) for i, (n, conf, acc) in enumerate(buckets) if n]
+    confs = [row_confidence(r) for r in parsed]
+    hits = [hit(r["predicted_bin"], r["true_bin"]) for r in parsed]
+    filled = [(i, n, conf, acc) for i, (n, conf, acc) in enumerate(reliability(confs, hits)) if n]
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
     ax.bar([i / 10 for i, *_ in filled], [a for *_, a in filled], width=0.1, align="edge",
            color="tab:blue", alpha=0.75, edgecolor="black", label="accuracy of bucket")
@@ -54,22 +55,22 @@ def draw_reliability(ax, rows, title=""):
             color="tab:red", label="mean confidence of bucket")
     for i, n, _, acc in filled:
         ax.text(i / 10 + 0.05, min(acc, 0.93) + 0.02, f"n={n}", ha="center", fontsize=7)
-    ece = metrics.ece([metrics.row_confidence(r) for r in parsed],
-                      [r["predicted_bin"] == r["true_bin"] for r in parsed])
+    calibration_error = ece(confs, hits)
     ax.set(xlim=(0, 1), ylim=(0, 1.05), xlabel="confidence p[predicted bin]", ylabel="accuracy",
-           title=f"{title}\nreliability (ECE {ece:.3f})" if ece is not None else title)
+           title=title if calibration_error is None
+           else f"{title}\nreliability (ECE {calibration_error:.3f})")
     ax.legend(loc="upper left", fontsize=8)
 
 
 def plot_risk_coverage(rows, path, title=""):
-    correct = [r["probs"] is not None and r["predicted_bin"] == r["true_bin"] for r in rows]
+    correct = [r["probs"] is not None and hit(r["predicted_bin"], r["true_bin"]) for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    for kind in metrics.CONFIDENCE_KINDS:
-        confs = [metrics.row_confidence(r, kind) for r in rows]
-        _, cov, risk = metrics.risk_coverage(confs, correct)
+    for kind in CONFIDENCE_KINDS:
+        confs = [row_confidence(r, kind) for r in rows]
+        _, cov, risk = risk_coverage(confs, correct)
         if len(cov):
             ax.plot(cov, risk, marker="o", ms=3,  # straight segments: the trapezoid AURC integrates
-                    label=f"{kind} (AURC {metrics.aurc(confs, correct):.3f})")
+                    label=f"{kind} (AURC {aurc(confs, correct):.3f})")
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
            ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage")
     ax.legend(fontsize=8)

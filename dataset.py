@@ -1,21 +1,25 @@
-"""metrics_io.py: prediction files in, tables and JSON out (the command line of metrics.py).
+"""dataset.py: the rows a forecaster reads and writes, as they lie on disk (docs/PAPER.md §10).
 
-metrics.py holds the mathematics; this module holds the records and the command line:
-- load_predictions reads our prediction rows and the paper's published format (docs/PAPER.md §10:
-  `bin_probabilities` as a list of {bin, p}, `parse_failed`, joined with the eval-set rows on
-  `comparison_id`), detecting the format per line, and turns bad input into a MetricsInputError
-  that names the file, the line and the fix;
-- main() is `python metrics.py PREDICTIONS.jsonl [--rows ROWS.jsonl] [--plots DIR] [--json]`.
+A forecast is written as one prediction row: which candidate (id, task), which forecaster (model,
+readout), which repeat, the 8 probabilities (or a parse failure and its error), the bin the model
+stated, and the truth (true_bin, and true_speedup when the speedup was measured). forecaster.py's
+--eval and train_grpo.py's evaluation write such rows; metrics.py scores them. The paper publishes
+its predictions in another format (`bin_probabilities` as a list of {bin, p}, `parse_failed`,
+joined with the eval-set rows on `comparison_id`); load_predictions reads both, detecting the
+format per line, into one normalised row, and turns bad input into a RowError that names the
+file, the line and the fix.
+
+Which bin is scored: the argmax of the probabilities (lowest bin on ties), as in the forecaster's
+contract. The paper's data also carries the model's *stated* bin, which can differ;
+`load_predictions(..., bin_rule="stated")` scores the stated bin instead (the paper's tables use
+it; ECE and max-prob confidence then use p[stated bin]). Either way metrics.py reports the
+disagreement rate between stated bin and argmax.
 """
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-import numpy as np
-
-from metrics import BINS, N_BINS, forecaster_name, group_by, report, speedup_to_bin
+from bins import BINS, N_BINS, predicted_bin, speedup_to_bin
 
 # ---- reading prediction files ----------------------------------------------------------------
 # One normalised row per forecast, whichever format it came from:
@@ -23,12 +27,12 @@ from metrics import BINS, N_BINS, forecaster_name, group_by, report, speedup_to_
 #   parse_failed, parse_error, stated_bin, predicted_bin (the bin scored), raw_sum, true_bin,
 #   true_speedup (None when only the bin is known), where ("file:line").
 
-class MetricsInputError(ValueError):
-    """A prediction or eval-set file cannot be scored; the message names the file, line and fix."""
+class RowError(ValueError):
+    """A row file cannot be used; the message names the file, the line and the fix."""
 
 
 def _fail(where, problem):
-    raise MetricsInputError(f"{where}: {problem}")
+    raise RowError(f"{where}: {problem}")
 
 
 def _read_jsonl(path):
@@ -36,7 +40,7 @@ def _read_jsonl(path):
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise MetricsInputError(f"{path}: cannot read the file ({e}); check the path") from None
+        raise RowError(f"{path}: cannot read the file ({e}); check the path") from None
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -62,7 +66,7 @@ def _bin_field(value, where, field):
 
 
 def _probs_field(values, where, field):
-    """(probs summing to 1, raw sum) from a list of 8 numbers; MetricsInputError if unusable."""
+    """(probs summing to 1, raw sum) from a list of 8 numbers; RowError if unusable."""
     if not isinstance(values, list) or len(values) != N_BINS or not all(map(_is_number, values)):
         _fail(where, f"{field} must be a list of {N_BINS} finite numbers, got {values!r}")
     if any(v < 0 for v in values):
@@ -116,7 +120,7 @@ def _row(where, *, rid, task, model, readout, repeat, probs, raw_sum, failed, er
     if failed:
         probs = raw_sum = predicted = None
     else:
-        predicted = int(np.argmax(probs)) + 1
+        predicted = predicted_bin(probs)
         if bin_rule == "stated" and stated is not None:
             predicted = stated
     return {"id": rid, "task": task, "model": str(model), "readout": readout,
@@ -188,7 +192,7 @@ def load_predictions(path, rows_path=None, bin_rule="argmax"):
 
     rows_path: the paper's eval-set rows, joined on comparison_id for true_bin, aggregated_speedup
     and pack. bin_rule: "argmax" (default) or "stated" (see the module docstring). Raises
-    MetricsInputError naming the file and line for anything that cannot be scored.
+    RowError naming the file and line for anything that cannot be scored.
     """
     if bin_rule not in ("argmax", "stated"):
         raise ValueError(f"bin_rule must be 'argmax' or 'stated', got {bin_rule!r}")
@@ -211,96 +215,3 @@ def load_predictions(path, rows_path=None, bin_rule="argmax"):
     if not rows:
         _fail(path, "holds no prediction rows")
     return rows
-
-
-
-# ---- CLI ------------------------------------------------------------------------------------
-
-def _fmt(x, width=7, digits=3):
-    return f"{'-':>{width}}" if x is None else f"{x:>{width}.{digits}f}"
-
-
-def format_report(name, rep):
-    """A readable table in the spirit of the paper's: overall, per task, budgets, repeats."""
-    cols = ("n", "parse", "acc", "acc±1", "brier", "crps", "nll", "ece", "aurc", "SR")
-    lines = [f"== {name}", f"{'':<20}" + "".join(f"{c:>7}" for c in cols)]
-
-    def line(label, s):
-        sr = s["speedup_recovered"]["mean"] if s.get("speedup_recovered") else None
-        vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
-                s["ece"], s["aurc"]["maxprob"], sr)
-        return f"{label:<20}{s['n']:>7}" + "".join(_fmt(v) for v in vals)
-
-    lines.append(line("overall", rep))
-    lines += [line("  " + task, s) for task, s in rep["tasks"].items()]
-    sr = rep["speedup_recovered"]
-    if sr:
-        budgets = list(sr["by_budget"])
-        lines.append(f"{'speedup recovered':<20}" + "".join(f"{b:>7}" for b in budgets) + "   mean")
-        lines.append(f"{'  forecast':<20}" + "".join(_fmt(v) for v in sr["by_budget"].values())
-                     + _fmt(sr["mean"]))
-        lines.append(f"{'  random (exact)':<20}"
-                     + "".join(_fmt(v) for v in sr["random_by_budget"].values())
-                     + _fmt(sr["random_mean"]))
-    else:
-        lines.append("speedup recovered: needs every row's measured speedup (true_speedup)")
-    if "repeats" in rep:
-        r = rep["repeats"]
-        spread = ", ".join(f"{k} {_fmt(r['mean'][k], 0)} ± {_fmt(r['std'][k], 0)}"
-                           for k in r["mean"] if r["mean"][k] is not None)
-        lines.append(f"over {r['n']} repeats (mean ± std): {spread}")
-    if "discovery" in rep:
-        d = rep["discovery"]
-        lines.append(f"discovery (>= 1.414x) at tau {d['tau']}: precision {_fmt(d['precision'], 0)}"
-                     f", recall {_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)}"
-                     f" ({d['discoveries']} of {d['n']} pairs)")
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(
-        description="Score forecasts: accuracy, calibration, selective risk and speedup recovered "
-                    "under a measurement budget, per forecaster and per task.")
-    ap.add_argument("predictions", help="predictions in JSON Lines: our prediction rows or the "
-                                        "paper's published format (detected per line)")
-    ap.add_argument("--rows", help="the paper's eval-set rows (JSON Lines), joined on "
-                                   "comparison_id to get true_bin, aggregated_speedup and pack")
-    ap.add_argument("--plots", metavar="DIR", help="write PNG plots (reliability, risk-coverage, "
-                                                   "speedup recovered) into DIR")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables "
-                    "(a single forecaster's report, or {\"forecasters\": {name: report}})")
-    ap.add_argument("--bin-rule", choices=("argmax", "stated"), default="argmax",
-                    help="which bin is scored: the argmax of the probabilities (default) or the "
-                         "model's stated bin (the paper's tables)")
-    ap.add_argument("--discovery", type=float, metavar="TAU", default=None,
-                    help="the rows are parent->child pairs: add discovery-moment precision and "
-                         "recall of flagging P(child >= 1.414x parent) >= TAU")
-    args = ap.parse_args(argv)
-    try:
-        rows = load_predictions(args.predictions, args.rows, args.bin_rule)
-    except MetricsInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    groups = group_by(rows, forecaster_name)
-    reports = {name: report(rs, discovery_tau=args.discovery) for name, rs in sorted(groups.items())}
-    if args.plots:
-        import metrics_plots  # matplotlib only when plots are asked for
-        try:
-            metrics_plots.write_plots(groups, reports, args.plots)
-        except OSError as e:
-            print(f"error: cannot write plots to {args.plots} ({e}); pass a writable folder",
-                  file=sys.stderr)
-            return 2
-    if args.json:
-        out = next(iter(reports.values())) if len(reports) == 1 else {"forecasters": reports}
-        print(json.dumps(out, indent=1))
-    else:
-        print("\n\n".join(format_report(name, rep) for name, rep in reports.items()))
-        print("\nbrier = half-Brier; crps = ranked probability score / 7; brier/crps/nll score a "
-              "parse failure as uniform; acc, ece over parsed rows; aurc over max-prob; "
-              "SR = speedup recovered, mean over budgets")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
