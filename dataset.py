@@ -1,13 +1,23 @@
-"""dataset.py: the rows a forecaster reads and writes, as they lie on disk (docs/PAPER.md §10).
+"""dataset.py: the rows a forecaster learns from, is judged on and writes (docs/PAPER.md §10).
 
-A forecast is written as one prediction row: which candidate (id, task), which forecaster (model,
-readout), which repeat, the 8 probabilities (or a parse failure and its error), the bin the model
-stated, and the truth (true_bin, and true_speedup when the speedup was measured). forecaster.py's
---eval and train_grpo.py's evaluation write such rows; metrics.py scores them. The paper publishes
-its predictions in another format (`bin_probabilities` as a list of {bin, p}, `parse_failed`,
-joined with the eval-set rows on `comparison_id`); load_predictions reads both, detecting the
-format per line, into one normalised row, and turns bad input into a RowError that names the
-file, the line and the fix.
+Three kinds of row, each one JSON object per line of a JSON Lines file (records.py writes and
+reads the files; this module says what a row holds):
+
+- Training row (the paper's RL-pool schema): row_id, pack (the task), anchor_code (the reference
+  the forecast compares against), candidate_code, aggregated_speedup (measured), relative_bin,
+  hardware, pair_type, source_id. A search writes one per successful measurement (training_row);
+  train_grpo.py trains on them. The paper's eval-set rows (comparison_id, pack, anchor_code,
+  candidate_code, aggregated_speedup, true_bin, ...) read the same way. load_rows reads both and
+  recomputes every row's true bin from its speedup: bins.py is the one bin definition, and a
+  stated bin that disagrees is overruled with a warning.
+- Prediction row: one forecast of one row: id, task, model, readout, repeat, probs (8 floats, or
+  null on a parse failure), parse_failed, parse_error, stated_bin, predicted_bin, raw_sum,
+  true_speedup, true_bin, tokens_in, tokens_out, seconds, reasoning. forecaster.py's --eval and
+  train_grpo.py's evaluation write them (prediction_row); metrics.py scores them.
+- The paper's published predictions, another format (`bin_probabilities` as a list of {bin, p},
+  `parse_failed`, joined with the eval-set rows on `comparison_id`). load_predictions reads ours
+  and the paper's, detecting the format per line, into one normalised row.
+Bad input raises records.RecordError naming the file, the line and the fix.
 
 Which bin is scored: the argmax of the probabilities (lowest bin on ties), as in the forecaster's
 contract. The paper's data also carries the model's *stated* bin, which can differ;
@@ -15,45 +25,95 @@ contract. The paper's data also carries the model's *stated* bin, which can diff
 it; ECE and max-prob confidence then use p[stated bin]). Either way metrics.py reports the
 disagreement rate between stated bin and argmax.
 """
-import json
 import math
+import warnings
 from pathlib import Path
 
 from bins import BINS, N_BINS, predicted_bin, speedup_to_bin
+from records import RecordError, read_jsonl
+
+
+def _fail(where, problem):
+    raise RecordError(f"{where}: {problem}")
+
+
+# ---- training rows and eval rows ----------------------------------------------------------------
+
+REQUIRED_FIELDS = ("pack", "anchor_code", "candidate_code", "aggregated_speedup")
+
+
+def training_row(task, run, node_id, anchor_code, code, measurement, pair_type):
+    """One measured kernel of a search as a training row. The anchor is the task's seed, the
+    reference the forecaster compares against."""
+    s = measurement["speedup"]
+    return {"row_id": f"{run}/{node_id}", "pack": task, "anchor_code": anchor_code,
+            "candidate_code": code, "aggregated_speedup": s, "relative_bin": speedup_to_bin(s),
+            "hardware": measurement.get("device", ""), "pair_type": pair_type,
+            "source_id": f"search:{run}:{node_id}"}
+
+
+def load_rows(path, tasks=None):
+    """Training or eval rows with `true_bin` recomputed from aggregated_speedup and `row_id` set
+    (row_id, else comparison_id, else the line number). tasks: the packs allowed (None: any).
+
+    A stated relative_bin (or true_bin) that disagrees with the speedup is overruled, with one
+    warning for the file. Raises RecordError naming the line for anything unusable.
+    """
+    rows, disagree = [], 0
+    for n, row in read_jsonl(path):
+        where = f"{path}:{n}"
+        missing = [k for k in REQUIRED_FIELDS if k not in row]
+        if missing:
+            _fail(where, f"missing field(s) {', '.join(missing)}; a training row needs "
+                         f"{', '.join(REQUIRED_FIELDS)}")
+        if tasks is not None and row["pack"] not in tasks:
+            _fail(where, f"pack {row['pack']!r} is not a task; use one of {', '.join(tasks)}")
+        stated = row.get("relative_bin", row.get("true_bin"))  # RL pool / eval-set schema
+        try:
+            row["true_bin"] = speedup_to_bin(row["aggregated_speedup"])
+        except (TypeError, ValueError) as e:
+            _fail(where, f"aggregated_speedup: {e}")
+        if stated is not None and stated != row["true_bin"]:
+            disagree += 1
+        row["row_id"] = str(row.get("row_id", row.get("comparison_id", f"line{n}")))
+        rows.append(row)
+    if not rows:
+        _fail(path, "holds no training rows")
+    if disagree:
+        warnings.warn(f"{path}: {disagree} row(s) state a relative_bin that disagrees with "
+                      f"aggregated_speedup; using the bin of the speedup (bins.speedup_to_bin)")
+    return rows
+
+
+# ---- writing prediction rows --------------------------------------------------------------------
+
+def prediction_row(row, forecast, repeat, **override):
+    """The prediction row of a forecast (a Forecast, or any object with to_dict()) of one
+    load_rows row; keyword arguments override the forecast's fields (model, tokens, seconds)."""
+    f = {**forecast.to_dict(), **override}
+    return dict(id=row["row_id"], task=row["pack"], model=f["model"], readout=f["readout"],
+                repeat=repeat, probs=None if f["probs"] is None else [float(p) for p in f["probs"]],
+                parse_failed=bool(f["parse_failed"]), parse_error=f["parse_error"],
+                stated_bin=f["stated_bin"], predicted_bin=f["predicted_bin"], raw_sum=f["raw_sum"],
+                true_speedup=float(row["aggregated_speedup"]), true_bin=row["true_bin"],
+                tokens_in=f["tokens_in"], tokens_out=f["tokens_out"], seconds=f["seconds"],
+                reasoning=f["reasoning"])
+
+
+def written_predictions(path):
+    """(id, repeat) of the rows already in a prediction file that is being appended to, so an
+    interrupted evaluation resumes; a torn last line is cut off."""
+    if not Path(path).exists():
+        return set()
+    return {(str(r["id"]), int(r["repeat"])) for _, r in read_jsonl(path, cut_torn_tail=True)
+            if "id" in r and "repeat" in r}
+
 
 # ---- reading prediction files ----------------------------------------------------------------
 # One normalised row per forecast, whichever format it came from:
 #   id, task, model, readout, repeat, probs (8 floats summing to 1, or None on a parse failure),
 #   parse_failed, parse_error, stated_bin, predicted_bin (the bin scored), raw_sum, true_bin,
 #   true_speedup (None when only the bin is known), where ("file:line").
-
-class RowError(ValueError):
-    """A row file cannot be used; the message names the file, the line and the fix."""
-
-
-def _fail(where, problem):
-    raise RowError(f"{where}: {problem}")
-
-
-def _read_jsonl(path):
-    """[(line_number, object)] for every non-blank line of a JSON Lines file."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise RowError(f"{path}: cannot read the file ({e}); check the path") from None
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            _fail(f"{path}:{i}", f"not valid JSON ({e.msg}); fix or delete this line")
-        if not isinstance(obj, dict):
-            _fail(f"{path}:{i}", "expected one JSON object per line")
-        out.append((i, obj))
-    return out
-
 
 def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -66,7 +126,7 @@ def _bin_field(value, where, field):
 
 
 def _probs_field(values, where, field):
-    """(probs summing to 1, raw sum) from a list of 8 numbers; RowError if unusable."""
+    """(probs summing to 1, raw sum) from a list of 8 numbers; RecordError if unusable."""
     if not isinstance(values, list) or len(values) != N_BINS or not all(map(_is_number, values)):
         _fail(where, f"{field} must be a list of {N_BINS} finite numbers, got {values!r}")
     if any(v < 0 for v in values):
@@ -192,21 +252,21 @@ def load_predictions(path, rows_path=None, bin_rule="argmax"):
 
     rows_path: the paper's eval-set rows, joined on comparison_id for true_bin, aggregated_speedup
     and pack. bin_rule: "argmax" (default) or "stated" (see the module docstring). Raises
-    RowError naming the file and line for anything that cannot be scored.
+    RecordError naming the file and line for anything that cannot be scored.
     """
     if bin_rule not in ("argmax", "stated"):
         raise ValueError(f"bin_rule must be 'argmax' or 'stated', got {bin_rule!r}")
     eval_rows = None
     if rows_path is not None:
         eval_rows = {}
-        for i, obj in _read_jsonl(rows_path):
+        for i, obj in read_jsonl(rows_path):
             if obj.get("comparison_id") is None:
                 _fail(f"{rows_path}:{i}", "missing field 'comparison_id' (eval-set row)")
             if obj["comparison_id"] in eval_rows:
                 _fail(f"{rows_path}:{i}", f"comparison_id {obj['comparison_id']!r} appears twice")
             eval_rows[obj["comparison_id"]] = (f"{rows_path}:{i}", obj)
     rows = []
-    for i, obj in _read_jsonl(path):
+    for i, obj in read_jsonl(path):
         where = f"{path}:{i}"
         if any(k in obj for k in ("comparison_id", "bin_probabilities", "surrogate_label")):
             rows.append(_paper_row(obj, where, eval_rows, rows_path, bin_rule))

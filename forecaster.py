@@ -43,7 +43,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -52,6 +51,8 @@ from pathlib import Path
 
 import bins
 import selective
+from dataset import load_rows, prediction_row, written_predictions
+from records import cache_dir, write_atomic
 from forecaster_backends import (DEFAULT_MODEL, REASONING_EFFORTS, Completion, ModelNotFound,  # noqa: F401
                                  OpenAIServerBackend, TransformersBackend, embedded_backend,
                                  model_not_found_message, _weights_available)
@@ -62,7 +63,7 @@ from forecast_prompt import (FACTORS, FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIE
 
 DIGITS = tuple(str(b) for b in bins.BINS)
 ANSWER_PREFIX = '{"predicted_bin": '
-DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "forecasts"
+DEFAULT_CACHE_DIR = cache_dir("forecasts")
 
 
 # ---- the forecast -----------------------------------------------------------------------------------
@@ -326,10 +327,7 @@ class Forecaster:
     def _store(self, key, forecast):
         if self.cache_dir is None:
             return
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_dir / f"{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(forecast.to_dict()))
-        os.replace(tmp, self.cache_dir / f"{key}.json")  # readers never see half a file
+        write_atomic(self.cache_dir / f"{key}.json", json.dumps(forecast.to_dict()))
 
     def forecast_many(self, task, reference_code, candidate_codes, *, repeat=0):
         """One Forecast per candidate against the same reference."""
@@ -418,72 +416,22 @@ class Gate:
 
 # ---- evaluation over rows (the paper's eval set or our training rows) ------------------------------------
 
-def read_rows(path):
-    """Eval rows (comparison_id, true_bin) or training rows (row_id, relative_bin), normalised to
-    dicts with id, task, anchor_code, candidate_code, true_speedup, true_bin."""
-    from tasks import TASK_NAMES
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                row = dict(id=str(r.get("comparison_id", r.get("row_id"))), task=r["pack"],
-                           anchor_code=r["anchor_code"], candidate_code=r["candidate_code"],
-                           true_speedup=r.get("aggregated_speedup"),
-                           true_bin=r.get("true_bin", r.get("relative_bin")))
-            except (ValueError, KeyError, AttributeError) as e:
-                raise ValueError(f"{path} line {n}: not an eval or training row ({type(e).__name__}: {e})")
-            if row["id"] == "None" or row["task"] not in TASK_NAMES:
-                raise ValueError(f"{path} line {n}: needs comparison_id or row_id and a pack in {', '.join(TASK_NAMES)}")
-            rows.append(row)
-    return rows
-
-
-def _done_ids(out_path):
-    """(id, repeat) pairs already in a prediction file; a torn last line is cut off."""
-    path = Path(out_path)
-    if not path.exists():
-        return set()
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):  # interrupted mid-write: drop the partial row
-        data = data[:data.rfind(b"\n") + 1]
-        path.write_bytes(data)
-    done = set()
-    for line in data.decode().splitlines():
-        try:
-            r = json.loads(line)
-            done.add((str(r["id"]), int(r["repeat"])))
-        except (ValueError, KeyError, TypeError):
-            pass
-    return done
-
-
-def prediction_row(row, forecast, repeat):
-    f = forecast
-    return dict(id=row["id"], task=row["task"], model=f.model, readout=f.readout, repeat=repeat,
-                probs=f.probs, parse_failed=f.parse_failed, parse_error=f.parse_error,
-                stated_bin=f.stated_bin, predicted_bin=f.predicted_bin, raw_sum=f.raw_sum,
-                true_speedup=row["true_speedup"], true_bin=row["true_bin"], tokens_in=f.tokens_in,
-                tokens_out=f.tokens_out, seconds=f.seconds, reasoning=f.reasoning)
-
-
 def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progress=True):
     """Forecast every row `repeats` times into a Prediction-row JSONL file, appending one line per
     row (flushed), skipping (id, repeat) pairs already written: an interrupted run resumes."""
     from tqdm import tqdm
-    rows = read_rows(rows_path)
-    done = _done_ids(out_path)
-    todo = [(r, k) for k in range(repeats) for r in rows if (r["id"], k) not in done]
+    from tasks import TASK_NAMES
+    rows = load_rows(rows_path, tasks=TASK_NAMES)
+    done = written_predictions(out_path)
+    todo = [(r, k) for k in range(repeats) for r in rows if (r["row_id"], k) not in done]
     # a task's rows together: a batch then shares one prompt prefix (forecast_pairs groups by it)
-    todo.sort(key=lambda rk: (rk[1], rk[0]["task"], rk[0]["anchor_code"]))
+    todo.sort(key=lambda rk: (rk[1], rk[0]["pack"], rk[0]["anchor_code"]))
     with open(out_path, "a") as out, tqdm(total=len(todo), disable=not progress, desc="forecast", unit="row") as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
             for k in sorted({k for _, k in chunk}):
                 part = [r for r, kk in chunk if kk == k]
-                pairs = [(r["task"], r["anchor_code"], r["candidate_code"]) for r in part]
+                pairs = [(r["pack"], r["anchor_code"], r["candidate_code"]) for r in part]
                 for r, f in zip(part, forecaster.forecast_pairs(pairs, repeat=k)):
                     out.write(json.dumps(prediction_row(r, f, k)) + "\n")
                     out.flush()
@@ -566,7 +514,8 @@ def main(argv=None, backend=None):
                 raise ValueError("--eval needs --out PRED.jsonl")
             if not Path(args.eval).is_file():
                 raise ValueError(f"cannot read rows file {args.eval}")
-            read_rows(args.eval)  # bad rows fail before any model loads
+            from tasks import TASK_NAMES
+            load_rows(args.eval, tasks=TASK_NAMES)  # bad rows fail before any model loads
         elif not (args.task and args.candidate):
             raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
         else:

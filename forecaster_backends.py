@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import prefix_cache
+from records import cache_dir, write_atomic
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 # peft (0.21) wraps a model by reading transformers' deprecated `is_gradient_checkpointing`;
@@ -100,12 +101,8 @@ def write_o200k_vocab(folder):
     if digest != O200K_SHA256:
         raise RuntimeError(f"o200k vocabulary rebuilt from quicktok has sha256 {digest}, expected "
                            f"{O200K_SHA256}; install quicktok-v1==0.4.0")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "o200k_base.tiktoken"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(text)
-    os.replace(tmp, path)
+    path = Path(folder) / "o200k_base.tiktoken"
+    write_atomic(path, text)
     return path
 
 
@@ -119,7 +116,7 @@ def harmony_encoding():
         if importlib.util.find_spec("quicktok") is None:
             raise RuntimeError("openai-harmony could not load the o200k vocabulary (offline?); "
                                "pip install quicktok-v1 to build it locally") from first_error
-        folder = Path.home() / ".cache" / "gpu-forecasters" / "tiktoken"
+        folder = cache_dir("tiktoken")
         if not (folder / "o200k_base.tiktoken").exists():
             write_o200k_vocab(folder)
         os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
@@ -442,8 +439,7 @@ def embedded_backend(**kwargs):
 def _converted_smollm2(folder):
     """The embedded model saved as safetensors (fp32, as the GGUF dequantises) under the cache
     root, written once; None when it cannot be written (the GGUF file is then read every time)."""
-    root = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters"))
-    dest = root / "models" / SMOLLM2_GGUF.replace(".gguf", "")
+    dest = cache_dir("models") / SMOLLM2_GGUF.replace(".gguf", "")
     if (dest / "config.json").exists():
         return dest
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -60,10 +60,11 @@ from pathlib import Path
 from measure_sandbox import (EXCHANGE, WorkerFailed, candidate_worker, drop_reference, reference_worker,
                              require_sandbox)
 from measure_worker import case_str
+from records import cache_dir, write_atomic
 
 HARNESS_VERSION = "2.0"
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
-DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "measurements"
+DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know; the physical bound uses the larger of this and
 # the copy bandwidth the reference worker measured.
 PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12, "L40S": 0.864e12}
@@ -217,10 +218,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     m.wall_s = round(time.perf_counter() - start, 3)
     # Timeouts and crashes can depend on machine load and limits: measure those again next time.
     if use_cache and m.status not in ("timeout", "crashed"):
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(m.to_dict()))
-        os.replace(tmp, cache_file)
+        write_atomic(cache_file, json.dumps(m.to_dict()))
     return m
 
 

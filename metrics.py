@@ -41,7 +41,8 @@ import numpy as np
 
 from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
-from dataset import RowError, load_predictions
+from dataset import load_predictions
+from records import RecordError
 from selective import aurc, ece, row_confidence, selective_risk
 
 
@@ -307,7 +308,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         rows = load_predictions(args.predictions, args.rows, args.bin_rule)
-    except RowError as e:
+    except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     groups = group_by(rows, forecaster_name)

@@ -6,9 +6,12 @@ For a forecaster (`python metrics.py PRED.jsonl --plots DIR`), three PNGs:
 - risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
   selective forecaster keeps risk low while it trusts most rows;
 - speedup recovered against the measurement budget, with the exact random-ranking baseline.
+For a search (search.py), best speedup against measurements spent: best_speedup.png, and with
+--compare the gated and the ungated search side by side (compare.png, the paper's Figure 4).
 scripts/calibration_demo.py draws its three rewards side by side with plot_reliability_panels.
 matplotlib runs headless (Agg); the modules that draw import this one only when they draw.
 """
+import io
 import re
 from pathlib import Path
 
@@ -18,7 +21,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bins import CONFIDENCE_KINDS, hit  # noqa: E402
+from records import write_atomic  # noqa: E402
 from selective import aurc, ece, reliability, risk_coverage, row_confidence  # noqa: E402
+
+
+def _save(fig, path):
+    """Write the figure as a PNG atomically (a viewer never opens half a file) and close it."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
 
 
 def _slug(name):
@@ -28,9 +41,7 @@ def _slug(name):
 def plot_reliability(rows, path, title=""):
     fig, ax = plt.subplots(figsize=(5.5, 5))
     draw_reliability(ax, rows, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_reliability_panels(groups, path):
@@ -38,9 +49,7 @@ def plot_reliability_panels(groups, path):
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 5), squeeze=False)
     for ax, (title, rows) in zip(axes[0], groups.items()):
         draw_reliability(ax, rows, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def draw_reliability(ax, rows, title=""):
@@ -74,9 +83,7 @@ def plot_risk_coverage(rows, path, title=""):
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
            ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_speedup_recovered(reports, path):
@@ -100,9 +107,7 @@ def plot_speedup_recovered(reports, path):
     ax.set(ylim=(0, 1.02), xlabel="measurement budget (top b% of each task's pool)",
            ylabel="best found / best in pool", title="speedup recovered")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_plots(groups, reports, folder):
@@ -117,3 +122,19 @@ def write_plots(groups, reports, folder):
     paths.append(folder / "speedup_recovered.png")
     plot_speedup_recovered(reports, paths[-1])
     return paths
+
+
+# ---- a search -------------------------------------------------------------------------------------
+
+def plot_curves(curves, path, title):
+    """Best speedup against measurements spent, one step line per search ({label: [(x, y)]})."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curve in curves.items():
+        xs, ys = zip(*curve)
+        ax.step(xs, ys, where="post", label=label)
+    ax.set_xlabel("measurements (seed excluded)")
+    ax.set_ylabel("best speedup over reference (x)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, path)

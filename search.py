@@ -26,8 +26,8 @@ GPU machine with GPT-OSS-20B downloaded (or with --server) it runs the paper's s
 mutator, benchmark-scale measurement, 40 steps x 2 parents, 320 measurements.
 
 Outputs in --out: events.jsonl, archive.json, best_kernel.py, summary.json, training_rows.jsonl
-(the paper's RL-pool schema) and best_speedup.png, written by search_log.py (what a search leaves
-on disk: the event log and the run outputs). --compare runs the gated and the ungated search
+(the paper's RL-pool schema, dataset.py) and best_speedup.png (plots.py), each rewritten
+atomically after every step (records.py). --compare runs the gated and the ungated search
 with the same budget (the paper's Figure 4). The archive and PUCT arithmetic live in puct.py,
 the mutators in mutators.py.
 
@@ -65,13 +65,20 @@ import bins
 from forecaster import Forecast, Gate, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 from puct import Archive
-from search_log import EventLog, SearchError, training_row, write_compare, write_outputs
+from dataset import training_row
+from records import EventLog, RecordError, write_atomic
 
 GATES = ("none", "topk", "confidence")
 RANK_KEYS = ("expected_bin", "expected_log_speedup")
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
+
+
+
+
+class SearchError(Exception):
+    """A problem the user can fix; main() prints it as one line."""
 
 
 # ---- the gate ---------------------------------------------------------------------------------
@@ -159,10 +166,22 @@ class Search:
             self.logged[(kind, rid)] = payload
 
     def _open_log(self):
+        """Open the event log and claim it for this search's options: one log holds one search, so
+        a rerun with other options is refused. True when the log already held this search."""
         self.log = EventLog(self.out / "events.jsonl")
-        resumed = self.log.claim(self.cfg.identity())
-        self.logged = self.log.results()
-        return resumed
+        mine = json.loads(json.dumps(self.cfg.identity()))
+        old = next((e["payload"] for e in self.log.events if e["kind"] == "config"), None)
+        if old is None:
+            self.log.append("config", None, "config", None, mine)
+        else:
+            for k in list(mine) + [k for k in old if k not in mine]:  # task, gate, seed first
+                if old.get(k) != mine.get(k):
+                    raise SearchError(f"{self.out} holds a run with {k}={old.get(k)!r}, but this "
+                                      f"command asks for {k}={mine.get(k)!r}; rerun with the same "
+                                      "options or pass a new --out")
+        # what a replay answers from: every logged result
+        self.logged = {(e["kind"], e["request_id"]): e["payload"] for e in self.log.events if e["kind"] != "request"}
+        return old is not None
 
     def _measure(self, code):
         t = time.perf_counter()
@@ -315,7 +334,7 @@ class Search:
         run = f"{self.cfg.task}-{self.cfg.gate}-{self.cfg.seed}"
         self.rows.append(training_row(self.cfg.task, run, node_id, self.seed_code, code, m, pair_type))
 
-    # ---- outputs (written by search_log.py) ---------------------------------------------------
+    # ---- outputs -------------------------------------------------------------------------------
 
     def summary(self, t_start):
         st, best = self.stats, self.archive.best()
@@ -338,6 +357,36 @@ class Search:
     def _write_outputs(self, t_start, plot=False):
         write_outputs(self.out, self.archive, self.summary(t_start), self.rows,
                       self.curve if plot else None, f"{self.cfg.task}: best speedup vs measurements")
+
+
+def write_outputs(out, archive, summary, rows, curve=None, title=""):
+    """Rewrite the run's outputs in `out`, each atomically; draw best_speedup.png when a curve is
+    given."""
+    out = Path(out)
+    write_atomic(out / "archive.json", json.dumps(archive.to_dict(), indent=1))
+    write_atomic(out / "best_kernel.py", archive.best().code)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=1))
+    write_atomic(out / "training_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    if curve is not None:
+        _plot_curves({f"{summary['gate']} gate": curve}, out / "best_speedup.png", title)
+
+
+def write_compare(out, results, task):
+    """compare.json and compare.png of a --compare run: {arm: summary} of the gated and the
+    ungated search with the same budget."""
+    out = Path(out)
+    _plot_curves({f"{arm} ({s['gate']})": s["best_vs_measurements"] for arm, s in results.items()},
+                 out / "compare.png", f"{task}: gated vs ungated search, same budget")
+    write_atomic(out / "compare.json", json.dumps(results, indent=1))
+
+
+def _plot_curves(curves, path, title):
+    try:
+        import plots
+    except ImportError:  # a bare GPU machine may lack matplotlib; the curve is also in summary.json
+        print(f"matplotlib is not installed: {path} not drawn (pip install matplotlib)", file=sys.stderr)
+        return
+    plots.plot_curves(curves, path, title)
 
 
 def _brief(m):
@@ -590,7 +639,7 @@ def main(argv=None):
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
                   "training_rows.jsonl best_speedup.png")
-    except SearchError as e:
+    except (SearchError, RecordError) as e:
         print(f"search.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -75,54 +75,16 @@ import forecaster
 import forecaster_backends
 import bins
 import metrics
-from dataset import load_predictions
+from dataset import load_predictions, load_rows, prediction_row
+from records import read_jsonl, write_atomic
 from grpo_policy import (DIGITS, add_lora, backward_prompt, checkpointing, collate,  # noqa: F401
                          completion_logprobs, detached, load_base, make_prompt_fn, parse_votes,
                          prompt_kv, sample)
 
-REQUIRED_FIELDS = ("pack", "anchor_code", "candidate_code", "aggregated_speedup")
 REWARDS = ("correctness", "brier", "crps")
 
 
 # ---- data: training rows (ours or the paper's RL pool), shuffled, split ------------------------
-
-def load_rows(path):
-    """Training rows with `true_bin` recomputed from aggregated_speedup (the one bin definition).
-
-    Accepts our training rows and the paper's RL-pool / eval-set schemas. A stated relative_bin
-    (or true_bin) that disagrees with the speedup is overruled, with one warning for the file.
-    Raises ValueError naming the line for anything unusable.
-    """
-    rows, disagree = [], 0
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); fix or delete the line")
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{n}: expected one JSON object per line")
-        missing = [k for k in REQUIRED_FIELDS if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{n}: missing field(s) {', '.join(missing)}; a training row "
-                             f"needs {', '.join(REQUIRED_FIELDS)}")
-        stated = row.get("relative_bin", row.get("true_bin"))  # RL pool / eval-set schema
-        try:
-            row["true_bin"] = bins.speedup_to_bin(row["aggregated_speedup"])
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{n}: aggregated_speedup: {e}")
-        if stated is not None and stated != row["true_bin"]:
-            disagree += 1
-        row["row_id"] = str(row.get("row_id", row.get("comparison_id", f"line{n}")))
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: holds no training rows")
-    if disagree:
-        warnings.warn(f"{path}: {disagree} row(s) state a relative_bin that disagrees with "
-                      f"aggregated_speedup; using the bin of the speedup (bins.speedup_to_bin)")
-    return rows
-
 
 def split_rows(rows, seed, holdout_task=None, eval_fraction=0.0):
     """(train, eval): shuffled with the seed; eval = one held-out task or a fraction of the rows."""
@@ -243,9 +205,8 @@ def load_checkpoint(model, optimizer, out, args):
     optimizer.load_state_dict(state["optimizer"])
     log = out / "log.jsonl"
     if log.exists():  # drop records of steps after the checkpoint: they will be redone
-        keep = [ln for ln in log.read_text().splitlines() if ln.strip()
-                and json.loads(ln)["step"] <= state["step"]]
-        log.write_text("".join(ln + "\n" for ln in keep))
+        keep = [r for _, r in read_jsonl(log, cut_torn_tail=True) if r["step"] <= state["step"]]
+        write_atomic(log, "".join(json.dumps(r) + "\n" for r in keep))
     return state["step"]
 
 
@@ -265,17 +226,12 @@ def evaluate(model, backend, rows, prompt_fn, parse, args, out, max_new, allowed
     preds = []
     for j, s in enumerate(samples):
         row, f = rows[j // n], parse(s["text"])
-        preds.append({
-            "id": row["row_id"], "task": row["pack"], "model": f"{name}+grpo-{args.reward}",
-            "readout": "votes" if args.answer_format == "votes" else "verbalized",
-            "repeat": j % n, "probs": None if f.parse_failed else [float(p) for p in f.probs],
-            "parse_failed": bool(f.parse_failed), "parse_error": f.parse_error,
-            "stated_bin": f.stated_bin, "predicted_bin": f.predicted_bin, "raw_sum": f.raw_sum,
-            "true_speedup": float(row["aggregated_speedup"]), "true_bin": row["true_bin"],
-            "tokens_in": len(s["prompt"]), "tokens_out": len(s["completion"]),
-            "seconds": round(s["seconds"], 4)})
+        preds.append(prediction_row(
+            row, f, j % n, model=f"{name}+grpo-{args.reward}",
+            readout="votes" if args.answer_format == "votes" else "verbalized",
+            tokens_in=len(s["prompt"]), tokens_out=len(s["completion"]), seconds=round(s["seconds"], 4)))
     path = out / "predictions.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in preds))
+    write_atomic(path, "".join(json.dumps(p) + "\n" for p in preds))
     summary = metrics.report(load_predictions(path))
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary

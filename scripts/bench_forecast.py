@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.path)
+from records import read_jsonl  # noqa: E402
 
 TASK = "cross_entropy"
 SETTINGS = (("one at a time, no prefix reuse", ["--batch-size", "1", "--no-prefix-cache"]),
@@ -84,7 +85,7 @@ def bench_forecasts(rows, folder, env):
         wall, err = run_cli(["forecaster.py", "--eval", str(rows), "--out", str(pred), "--embedded",
                              "--readout", "logits", "--no-cache", *flags], env)
         said = re.search(r"model load ([\d.]+) s, forecasts ([\d.]+) s", err)
-        preds = [json.loads(line) for line in pred.read_text().splitlines()]
+        preds = [p for _, p in read_jsonl(pred)]
         results.append(dict(setting=name, flags=" ".join(flags) or "(default)", n=len(preds), wall_s=wall,
                             load_s=float(said.group(1)), forecast_s=float(said.group(2)),
                             probs=[p["probs"] for p in preds]))
@@ -113,7 +114,7 @@ def bench_grpo(rows, folder, env, steps):
         run_cli(["train_grpo.py", "--data", str(rows), "--out", str(run), "--embedded", "--reward", "brier",
                  "--answer-format", "votes", "--steps", str(steps), "--prompts-per-step", "1",
                  "--group-size", "4", "--save-every", "1000", *flags], env)
-        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        log = [r for _, r in read_jsonl(run / "log.jsonl")]
         out[name] = dict(step_s=statistics.median(r["step_time_s"] for r in log[1:]),
                          groups_kept=[r["groups_kept"] for r in log])
         print(f"  GRPO, {name}: {out[name]['step_s']:.1f} s/step", file=sys.stderr, flush=True)

@@ -52,6 +52,7 @@ import bins  # noqa: E402
 import plots  # noqa: E402
 import train_grpo  # noqa: E402
 from dataset import load_predictions  # noqa: E402
+from records import read_jsonl  # noqa: E402
 from forecaster import Forecast  # noqa: E402
 from grpo_policy import DIGITS  # noqa: E402
 
@@ -177,8 +178,7 @@ def run_one(opts, reward, seed, data, out):
                               model=tiny_model(opts.arch, seed), tokenizer=tok)
     ev = result["eval"]
     preds = load_predictions(out / "predictions.jsonl")
-    kind_of = {r["row_id"]: (r["level"], r["shape"])
-               for r in map(json.loads, data.read_text().splitlines())}
+    kind_of = {r["row_id"]: (r["level"], r["shape"]) for _, r in read_jsonl(data)}
     parsed = [p for p in preds if p["probs"] is not None]
     tv = [0.5 * np.abs(np.asarray(p["probs"]) - true_distribution(*kind_of[p["id"]])).sum()
           for p in parsed]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import bins
+import dataset
 import selective
-import train_grpo
 from grpo_policy import DIGITS, parse_votes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def test_rows_follow_their_distribution(tmp_path):
     rows = demo.make_rows(4000, seed=1)
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    loaded = train_grpo.load_rows(path)  # train_grpo's reader recomputes the bin from the speedup
+    loaded = dataset.load_rows(path)  # the training-row reader recomputes the bin from the speedup
     by_kind = {}
     for r in loaded:
         assert r["candidate_code"] == demo.prompt_text(r["level"], r["shape"])

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 import metrics
-from dataset import RowError, load_predictions
+from dataset import load_predictions
 from metrics import forecaster_name
+from records import RecordError
 from test_bins import onehot
 
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -70,21 +71,21 @@ def test_bad_input_names_file_and_line(tmp_path, line, message):
     path = write_lines(tmp_path, [GOOD, line])
     rows = write_lines(tmp_path, [{"comparison_id": "e1", "pack": "trimul", "true_bin": 6}],
                        "rows.jsonl")
-    with pytest.raises(RowError, match=message) as err:
+    with pytest.raises(RecordError, match=message) as err:
         load_predictions(path, rows)
     assert str(err.value).startswith(f"{path}:2: ")
 
 
 def test_bad_input_other_cases(tmp_path):
-    with pytest.raises(RowError, match="with --rows"):
+    with pytest.raises(RecordError, match="with --rows"):
         load_predictions(write_lines(tmp_path, [PAPER_GOOD]))
-    with pytest.raises(RowError, match="cannot read"):
+    with pytest.raises(RecordError, match="cannot read"):
         load_predictions(tmp_path / "missing.jsonl")
-    with pytest.raises(RowError, match="no prediction rows"):
+    with pytest.raises(RecordError, match="no prediction rows"):
         load_predictions(write_lines(tmp_path, ["", "  "]))
     bad_rows = write_lines(tmp_path, [{"comparison_id": "e1", "pack": "trimul",
                                        "aggregated_speedup": 0}], "rows.jsonl")
-    with pytest.raises(RowError, match=rf"{bad_rows}:1: aggregated_speedup"):
+    with pytest.raises(RecordError, match=rf"{bad_rows}:1: aggregated_speedup"):
         load_predictions(write_lines(tmp_path, [PAPER_GOOD]), bad_rows)
 
 

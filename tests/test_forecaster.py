@@ -625,7 +625,7 @@ def test_eval_cli_and_bad_rows(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 3
     rows.write_text('{"row_id": "x", "pack": "nope", "anchor_code": "", "candidate_code": ""}\n')
     assert F.main(["--eval", str(rows), "--out", str(tmp_path / "p2.jsonl"), "--no-cache"]) == 2
-    assert "line 1" in capsys.readouterr().err and not (tmp_path / "p2.jsonl").exists()
+    assert "rows.jsonl:1:" in capsys.readouterr().err and not (tmp_path / "p2.jsonl").exists()
 
 
 # ---- the real SmolLM2 (the embedded model) ---------------------------------------------------------------

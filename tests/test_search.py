@@ -19,7 +19,7 @@ from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, m
 from forecaster import Gate
 from puct import Archive, Node
 from search import Config, Search, SearchError, as_forecast, predicts_gain
-from search_log import EventLog
+from records import EventLog, RecordError
 
 
 # ---- scripted collaborators ------------------------------------------------------------------
@@ -399,7 +399,7 @@ def test_corrupt_middle_line_is_refused(tmp_path):
     lines = log.read_text().splitlines()
     lines[1] = lines[1][:10]
     log.write_text("\n".join(lines) + "\n")
-    with pytest.raises(SearchError, match="line 2 is corrupt"):
+    with pytest.raises(RecordError, match="events.jsonl:2: not valid JSON"):
         EventLog(log)
 
 

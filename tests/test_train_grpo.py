@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecaster  # noqa: E402
 import bins  # noqa: E402
+import dataset  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
@@ -125,7 +126,7 @@ def test_load_rows_recomputes_bins_and_splits(tmp_path):
                  candidate_code="c", aggregated_speedup=s, relative_bin=b)
             for i, (s, b) in enumerate([(0.4, 1), (1.2, 5), (3.0, 7), (5.0, 8), (1.0, 4)])]
     with pytest.warns(UserWarning, match="1 row"):  # 1.2x is bin 4, not 5
-        loaded = train_grpo.load_rows(write_rows(tmp_path / "rows.jsonl", rows))
+        loaded = dataset.load_rows(write_rows(tmp_path / "rows.jsonl", rows))
     assert [r["true_bin"] for r in loaded] == [1, 4, 7, 8, 4]
     train, held = train_grpo.split_rows(loaded, seed=0, holdout_task="trimul")
     assert {r["pack"] for r in held} == {"trimul"} and {r["pack"] for r in train} == {"cross_entropy"}
@@ -138,7 +139,7 @@ def test_load_rows_recomputes_bins_and_splits(tmp_path):
     assert train_grpo.rows_for_step(loaded, 7, 2, 3) == train_grpo.rows_for_step(loaded, 7, 2, 3)
     bad = write_rows(tmp_path / "bad.jsonl", [dict(pack="x", anchor_code="a", candidate_code="c")])
     with pytest.raises(ValueError, match="bad.jsonl:1: missing field.*aggregated_speedup"):
-        train_grpo.load_rows(bad)
+        dataset.load_rows(bad)
     with pytest.raises(ValueError, match="no row has that pack"):
         train_grpo.split_rows(loaded, 0, holdout_task="fp8_quant")
 

@@ -1,0 +1,124 @@
+"""records.py: what the project keeps on disk, written so that a crash never leaves half of it.
+
+Every long command here (a search, an evaluation, a training run, a measurement) may be killed
+and rerun, and a rerun must pick up where the last one stopped. Four habits make that safe, and
+this module is their one home:
+
+1. The cache root. Measurements, forecasts, converted models and the offline tokenizer
+   vocabulary are cached in folders under $GPU_FORECASTERS_CACHE (default
+   ~/.cache/gpu-forecasters); cache_dir(name) is the one place that reads the variable.
+2. Atomic writes. A file that is rewritten (a cache entry, a search's summary, a plot) goes to a
+   temporary file beside it, which os.replace then swaps in: a reader sees the old file or the
+   new one, never half of one.
+3. JSON Lines. Files that grow (the event log, prediction rows, a training log) hold one JSON
+   object per line and are only appended to. A crash can tear the last line; read_jsonl drops
+   it on request and cuts it off, so the next append starts on a clean line. A corrupt line
+   anywhere else means the file was damaged, and we refuse rather than guess.
+4. The event log of a search: every expensive request and its result, one event per line,
+   flushed and fsynced before the search goes on (search.py replays a rerun from it).
+
+It imports nothing from the project and nothing outside the standard library, so every module,
+the trusted measurement harness included, can use it. The rows these files hold (training rows,
+prediction rows) are described in dataset.py.
+"""
+import json
+import os
+import time
+from pathlib import Path
+
+
+class RecordError(ValueError):
+    """A file cannot be used as it is; the message names the file, the line and the fix."""
+
+
+# ---- the cache root -------------------------------------------------------------------------------
+
+def cache_dir(name):
+    """The cache folder `name` under $GPU_FORECASTERS_CACHE (default ~/.cache/gpu-forecasters)."""
+    root = os.environ.get("GPU_FORECASTERS_CACHE") or Path.home() / ".cache" / "gpu-forecasters"
+    return Path(root) / name
+
+
+# ---- atomic writes --------------------------------------------------------------------------------
+
+def write_atomic(path, data):
+    """Write text or bytes to `path` so that readers see the old file or the new one, never half
+    of one. The temporary file carries the process id: two processes writing the same entry
+    (two searches sharing a cache) never write into each other's temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data, encoding="utf-8")
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# ---- JSON Lines -----------------------------------------------------------------------------------
+
+def read_jsonl(path, *, cut_torn_tail=False, fix="fix or delete this line"):
+    """[(line number, object)] for every non-blank line of a JSON Lines file.
+
+    A line that is not a JSON object raises RecordError naming `path:line` and `fix`. With
+    cut_torn_tail, a corrupt *last* line (a write torn by a crash) is dropped instead, and the
+    file is cut back to its last good line, ending on a newline, so the next append starts clean.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read the file ({e.strerror}); check the path") from None
+    out, good_end, pos = [], 0, 0
+    lines = raw.split(b"\n")
+    for n, line in enumerate(lines, 1):
+        end = pos + len(line)
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except (ValueError, UnicodeDecodeError) as e:
+                if cut_torn_tail and not raw[end:].strip():
+                    break
+                problem = f"not valid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) \
+                    else "not UTF-8 text"
+                raise RecordError(f"{path}:{n}: {problem}; {fix}") from None
+            if not isinstance(obj, dict):
+                raise RecordError(f"{path}:{n}: expected one JSON object per line; {fix}")
+            out.append((n, obj))
+        good_end, pos = min(end + 1, len(raw)), end + 1
+    if cut_torn_tail and (good_end < len(raw) or (raw and not raw.endswith(b"\n"))):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+            if good_end and raw[good_end - 1:good_end] != b"\n":
+                f.seek(0, 2)
+                f.write(b"\n")
+    return out
+
+
+# ---- the event log of a search --------------------------------------------------------------------
+
+class EventLog:
+    """Append-only JSON Lines log: one event (kind, step, request_id, parent_id, payload, time) per
+    line, flushed and fsynced before we go on. Opening it reads the events already there, dropping
+    a torn last line; a corrupt line anywhere else is refused (RecordError)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.events = []
+        if self.path.exists():
+            fix = "delete the file or pass a new --out to start afresh"
+            self.events = [e for _, e in read_jsonl(self.path, cut_torn_tail=True, fix=fix)]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")
+
+    def append(self, kind, step, request_id, parent_id, payload):
+        event = dict(kind=kind, step=step, request_id=request_id, parent_id=parent_id,
+                     payload=payload, time=time.time())
+        self._file.write(json.dumps(event, default=str) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.events.append(event)
+        return event
+
+    def close(self):
+        self._file.close()
