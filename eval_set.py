@@ -1,0 +1,285 @@
+"""eval_set.py: build an eval set and an RL training pool from searches' measured kernels.
+
+    python eval_set.py runs/cross_entropy-topk-0 runs/trimul-topk-0 --out data/ --per-bin 53
+    python eval_set.py runs/cross_entropy-topk-0 --out data/ --per-bin 8 --fill --fill-budget 8
+
+The paper (docs/PAPER.md §10) published, from the event logs of its searches, a held-out eval set
+of 424 (anchor, candidate) pairs balanced over the 8 bins, an RL training pool, and 1,347
+parent->child discovery pairs. This module rebuilds all three from this project's searches:
+
+1. Harvest. Every search folder (search.py --out) holds training_rows.jsonl (one row per
+   successfully measured kernel: its code and geomean speedup over the task's reference) and
+   events.jsonl (whose measurement events name each kernel's parent). A kernel is identified as
+   <search folder name>/<node id>. A kernels.jsonl written by an earlier build is read as is.
+2. Group by bin and sample: pair_sampler.py draws --per-bin pairs per bin, within each task,
+   water-filled across tasks, in a seeded shuffle.
+3. Fill short bins (--fill). Searches rarely land in the extreme bins (a 4x speedup, or a kernel
+   twice as slow as the reference, is not what a speed search looks for). For a bin short of its
+   quota, a goal-conditioned search (search.py --target-bin B: reward -|ln S - ln m_B|, m_B the
+   bin's geometric midpoint, and a mutation prompt that asks for a speedup inside the bin's band)
+   runs on the task with the least supply in that bin, then the next, until the quota is met or
+   every task had one. Fill searches live in OUT/fill/<task>-bin<B>/ and are harvested like the
+   inputs, so a rerun resumes them (search.py replays its log) instead of repeating them.
+4. Write, into --out:
+     kernels.jsonl          every harvested kernel (kernel_id, task, code, speedup, hardware,
+                            scale, is_seed, parent_id, source_search)
+     eval_set.jsonl         the balanced pairs, the paper's eval-set schema
+     rl_pool.jsonl          training rows, the paper's RL-pool schema: every kernel against the
+                            seed (pair_type seed) and every measured child against its parent
+                            (parent_edit), minus every kernel the eval set uses (so a forecaster
+                            is never tested on a kernel it was trained on) and minus --holdout-task
+                            (the paper held gdn_chunk_fwd_o out of its pool)
+     discovery_pairs.jsonl  every measured parent->child pair, the paper's discovery-pair schema
+                            (pair_id, problem_id, benchmark_family, parent_code, child_code,
+                            g_speedup = S_child / S_parent, true_bin, hardware)
+     manifest.json          inputs, options, per-bin supply and quota, short bins, fill searches,
+                            and each output's row count and sha256
+   Every file is written whole or not at all (a temporary file renamed over the old one).
+"""
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from bins import speedup_to_bin
+from pair_sampler import (SamplerInputError, check_kernel, effective_speedup, eval_row, format_report,
+                          read_kernels, sample_pairs, unique_kernels)
+from search_log import write_atomic
+
+FAMILY = "gpu_mode"  # the paper's discovery pairs name a benchmark family; ours are all GPU MODE
+
+
+class BuildError(Exception):
+    """A problem the user can fix; main() prints it as one line."""
+
+
+# ---- 1. harvest ---------------------------------------------------------------------------------
+
+def _jsonl(path, torn_tail_ok=False):
+    """Objects of a JSON Lines file. A torn last line (a search killed mid-write) is dropped when
+    torn_tail_ok; any other bad line is an error."""
+    lines = [(i, l) for i, l in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if l.strip()]
+    out = []
+    for n, (i, line) in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if torn_tail_ok and n == len(lines) - 1:
+                break
+            raise BuildError(f"{path}:{i} is not valid JSON; is this a search.py output folder?") from None
+    return out
+
+
+def harvest_search(folder, name):
+    """Measured kernels of one search folder: its training rows, with parents from its event log."""
+    folder = Path(folder)
+    rows_path, events_path = folder / "training_rows.jsonl", folder / "events.jsonl"
+    if not rows_path.is_file() or not events_path.is_file():
+        raise BuildError(f"{folder} is not a search output folder (needs training_rows.jsonl and "
+                         "events.jsonl, as search.py --out writes them)")
+    events = _jsonl(events_path, torn_tail_ok=True)
+    config = next((e["payload"] for e in events if e.get("kind") == "config"), {})
+    parent = {e["request_id"]: e["parent_id"] for e in events if e.get("kind") == "measurement"}
+    kernels = []
+    for i, r in enumerate(_jsonl(rows_path), 1):
+        try:
+            node = r["row_id"].rsplit("/", 1)[-1]
+            k = {"kernel_id": f"{name}/{node}", "task": r["pack"], "code": r["candidate_code"],
+                 "speedup": r["aggregated_speedup"], "hardware": r.get("hardware") or "unknown",
+                 "scale": config.get("scale", "unknown"), "is_seed": r.get("pair_type") == "seed",
+                 "parent_id": f"{name}/{parent[node]}" if parent.get(node) else None,
+                 "source_search": name}
+        except (KeyError, AttributeError, TypeError) as e:
+            raise BuildError(f"{rows_path}:{i} is not a training row ({type(e).__name__}: {e})") from None
+        try:
+            kernels.append(check_kernel(k, f"{rows_path}:{i}"))
+        except SamplerInputError as e:
+            raise BuildError(str(e)) from None
+    return kernels
+
+
+def source_names(paths):
+    """A short name per search folder: its own name, or parent/name where two share a name
+    (the gated and ungated halves of two --compare runs)."""
+    names = [Path(p).resolve().name for p in paths]
+    return [n if names.count(n) == 1 else "/".join(Path(p).resolve().parts[-2:])
+            for p, n in zip(paths, names)]
+
+
+def harvest(sources):
+    """(kernels, [{source, name, kernels}]) of search folders and kernels.jsonl files."""
+    kernels, inputs = [], []
+    for path, name in zip(sources, source_names(sources)):
+        p = Path(path)
+        if p.is_dir():
+            ks = harvest_search(p, name)
+        elif p.is_file():
+            try:
+                ks = read_kernels(p)
+            except SamplerInputError as e:
+                raise BuildError(str(e)) from None
+        else:
+            raise BuildError(f"{path} does not exist; pass search.py output folders or kernels.jsonl files")
+        kernels += ks
+        inputs.append({"source": name, "kernels": len(ks)})
+    return kernels, inputs
+
+
+# ---- 4. the records written ---------------------------------------------------------------------
+
+def parent_child(kernels):
+    """(parent, child) of every measured step whose parent was harvested too, once per distinct
+    pair of codes: a kernel measured in several searches stands for all its copies (the seed
+    of every search of a task is one kernel)."""
+    uniq, alias = unique_kernels(kernels)
+    by_id = {k["kernel_id"]: k for k in uniq}
+    edges = {}
+    for k in kernels:
+        if k.get("parent_id") in alias:
+            edge = (alias[k["parent_id"]], alias[k["kernel_id"]])
+            if edge[0] != edge[1]:
+                edges.setdefault(edge, (by_id[edge[0]], by_id[edge[1]]))
+    return [edges[e] for e in sorted(edges)]
+
+
+def discovery_pairs(kernels):
+    """Every measured parent->child step, in the paper's discovery-pair schema."""
+    out = []
+    for p, c in parent_child(kernels):
+        g = effective_speedup(c) / effective_speedup(p)
+        out.append({"pair_id": c["kernel_id"], "problem_id": c["task"], "benchmark_family": FAMILY,
+                    "parent_code": p["code"], "child_code": c["code"], "g_speedup": g,
+                    "true_bin": speedup_to_bin(g), "hardware": c["hardware"],
+                    "parent_id": p["kernel_id"], "source_search": c["source_search"]})
+    return out
+
+
+def _pool_row(anchor, cand, speedup, pair_type):
+    return {"row_id": f"{pair_type}:{anchor['kernel_id']}->{cand['kernel_id']}", "pack": cand["task"],
+            "anchor_code": anchor["code"], "candidate_code": cand["code"],
+            "aggregated_speedup": speedup, "relative_bin": speedup_to_bin(speedup),
+            "hardware": cand["hardware"], "pair_type": pair_type,
+            "source_id": f"{anchor['kernel_id']}->{cand['kernel_id']}"}
+
+
+def rl_pool(kernels, eval_pairs, holdout_task=None):
+    """Training rows of every kernel against its task's seed and every child against its parent,
+    without the eval set's kernels (the seed excepted: it is the reference) or the held-out task."""
+    uniq, _ = unique_kernels(kernels)
+    in_eval = {(p[r]["task"], p[r]["hardware"], p[r]["scale"], p[r]["code"].strip())
+               for p in eval_pairs for r in ("anchor", "candidate") if not p[r].get("is_seed")}
+
+    def usable(k):
+        return k["task"] != holdout_task and (
+            k.get("is_seed") or (k["task"], k["hardware"], k["scale"], k["code"].strip()) not in in_eval)
+
+    seeds = {(k["task"], k["hardware"], k["scale"]): k for k in uniq if k.get("is_seed")}
+    rows = []
+    for k in uniq:
+        seed = seeds.get((k["task"], k["hardware"], k["scale"]))
+        if seed is not None and not k.get("is_seed") and usable(k):
+            rows.append(_pool_row(seed, k, effective_speedup(k), "seed"))
+    for p, c in parent_child(kernels):
+        if not p.get("is_seed") and usable(p) and usable(c):
+            rows.append(_pool_row(p, c, effective_speedup(c) / effective_speedup(p), "parent_edit"))
+    return rows
+
+
+def _jsonl_text(rows):
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+# ---- the build ----------------------------------------------------------------------------------
+
+def build(sources, out, *, per_bin=53, seed=0, holdout_task=None, fill=None, say=print):
+    """Harvest, sample (filling short bins when `fill` is a function (task, bin, folder) that runs
+    a goal-conditioned search into folder), and write the outputs. Returns the manifest."""
+    out = Path(out)
+    fill_root = out / "fill"
+    fill_dirs = sorted(d for d in fill_root.glob("*-bin*") if (d / "training_rows.jsonl").is_file()) \
+        if fill_root.is_dir() else []
+    kernels, inputs = harvest(list(sources) + fill_dirs)
+    if not kernels:
+        raise BuildError("no measured kernels in the inputs; run search.py first")
+    say(f"harvested {len(kernels)} measured kernels from {len(inputs)} source(s)")
+    pairs, report = sample_pairs(kernels, per_bin, seed)
+    fills = []
+    if fill is not None and report["short_bins"]:
+        tasks = sorted({k["task"] for k in kernels})
+        for b in list(report["short_bins"]):
+            for task in sorted(tasks, key=lambda t: (report["bins"][b]["by_task"].get(t, 0), t)):
+                if report["bins"][b]["taken"] >= per_bin:
+                    break
+                folder = fill_root / f"{task}-bin{b}"
+                say(f"bin {b} is short ({report['bins'][b]['taken']} of {per_bin}): goal-conditioned "
+                    f"search on {task} -> {folder}")
+                fill(task, b, folder)
+                fills.append({"task": task, "bin": b, "folder": f"fill/{folder.name}"})
+                if folder not in fill_dirs:
+                    fill_dirs.append(folder)
+                kernels, inputs = harvest(list(sources) + fill_dirs)
+                pairs, report = sample_pairs(kernels, per_bin, seed)
+    say(format_report(report))
+    experiment = f"eval_set.py per-bin {per_bin} seed {seed}"
+    files = {
+        "kernels.jsonl": _jsonl_text(sorted(kernels, key=lambda k: k["kernel_id"])),
+        "eval_set.jsonl": _jsonl_text(eval_row(p, experiment) for p in pairs),
+        "rl_pool.jsonl": _jsonl_text(rl_pool(kernels, pairs, holdout_task)),
+        "discovery_pairs.jsonl": _jsonl_text(discovery_pairs(kernels)),
+    }
+    manifest = {
+        "built_by": "eval_set.py", "per_bin": per_bin, "seed": seed, "holdout_task": holdout_task,
+        "inputs": inputs, "kernels": report["kernels"], "duplicate_codes_dropped": report["duplicates"],
+        "bins": report["bins"], "short_bins": report["short_bins"], "fill_searches": fills,
+        "outputs": {name: {"rows": text.count("\n"),
+                           "sha256": hashlib.sha256(text.encode()).hexdigest()}
+                    for name, text in files.items()},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_atomic(out / name, text)
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def build_parser():
+    from tasks import TASK_NAMES
+    p = argparse.ArgumentParser(
+        description="Build a bin-balanced eval set, an RL training pool and discovery pairs from "
+                    "searches' measured kernels (the paper's published data sets, rebuilt).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("sources", nargs="+", help="search.py output folders (training_rows.jsonl + "
+                   "events.jsonl), or kernels.jsonl files of an earlier build")
+    p.add_argument("--out", required=True, help="output folder (kernels, eval_set, rl_pool, "
+                   "discovery_pairs, manifest; fill searches in OUT/fill/)")
+    p.add_argument("--per-bin", type=int, default=53, help="eval pairs per bin (the paper: 53, 424 in all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the pair sampler and the fill searches")
+    p.add_argument("--holdout-task", choices=TASK_NAMES, default=None,
+                   help="leave this task out of the RL pool (the paper: gdn_chunk_fwd_o)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.per_bin < 1:
+            raise BuildError(f"--per-bin must be at least 1, got {args.per_bin}")
+        m = build(args.sources, args.out, per_bin=args.per_bin, seed=args.seed,
+                  holdout_task=args.holdout_task)
+    except BuildError as e:
+        print(f"eval_set.py: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"eval_set.py: error: cannot write {args.out} ({e}); pass a writable folder", file=sys.stderr)
+        return 2
+    o = m["outputs"]
+    print(f"wrote {args.out}/: eval_set.jsonl ({o['eval_set.jsonl']['rows']} pairs), rl_pool.jsonl "
+          f"({o['rl_pool.jsonl']['rows']} rows), discovery_pairs.jsonl "
+          f"({o['discovery_pairs.jsonl']['rows']} pairs), kernels.jsonl, manifest.json; short bins: "
+          f"{m['short_bins'] or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
