@@ -29,9 +29,10 @@ parent->child discovery pairs. This module rebuilds all three from this project'
                             (parent_edit), minus every kernel the eval set uses (so a forecaster
                             is never tested on a kernel it was trained on) and minus --holdout-task
                             (the paper held gdn_chunk_fwd_o out of its pool)
-     discovery_pairs.jsonl  every measured parent->child pair, the paper's discovery-pair schema
+     discovery_pairs.jsonl  every measured parent->child step, the paper's discovery-pair schema
                             (pair_id, problem_id, benchmark_family, parent_code, child_code,
-                            g_speedup = S_child / S_parent, true_bin, hardware)
+                            g_speedup = S_child / S_parent, true_bin, hardware, parent_node_id,
+                            child_node_id, source_id, source_search, internal_experiment)
      manifest.json          inputs, options, per-bin supply and quota, short bins, fill searches,
                             and each output's row count and sha256
    Every file is written whole or not at all (a temporary file renamed over the old one).
@@ -143,27 +144,30 @@ def parent_child(kernels):
     return [edges[e] for e in sorted(edges)]
 
 
-def discovery_pairs(kernels):
+def discovery_pairs(kernels, experiment=""):
     """Every measured parent->child step, in the paper's discovery-pair schema."""
     out = []
     for p, c in parent_child(kernels):
         g = effective_speedup(c) / effective_speedup(p)
-        out.append({"pair_id": c["kernel_id"], "problem_id": c["task"], "benchmark_family": FAMILY,
-                    "parent_code": p["code"], "child_code": c["code"], "g_speedup": g,
-                    "true_bin": speedup_to_bin(g), "hardware": c["hardware"],
-                    "parent_id": p["kernel_id"], "source_search": c["source_search"]})
+        out.append({"pair_id": f"{p['kernel_id']}->{c['kernel_id']}", "problem_id": c["task"],
+                    "benchmark_family": FAMILY, "parent_code": p["code"], "child_code": c["code"],
+                    "g_speedup": g, "true_bin": speedup_to_bin(g), "hardware": c["hardware"],
+                    "parent_node_id": p["kernel_id"], "child_node_id": c["kernel_id"],
+                    "source_id": c["kernel_id"], "source_search": c["source_search"],
+                    "internal_experiment": experiment})
     return out
 
 
-def _pool_row(anchor, cand, speedup, pair_type):
+def _pool_row(anchor, cand, speedup, pair_type, experiment):
     return {"row_id": f"{pair_type}:{anchor['kernel_id']}->{cand['kernel_id']}", "pack": cand["task"],
             "anchor_code": anchor["code"], "candidate_code": cand["code"],
             "aggregated_speedup": speedup, "relative_bin": speedup_to_bin(speedup),
             "hardware": cand["hardware"], "pair_type": pair_type,
-            "source_id": f"{anchor['kernel_id']}->{cand['kernel_id']}"}
+            "source_id": f"{anchor['kernel_id']}->{cand['kernel_id']}",
+            "source_search": cand["source_search"], "internal_experiment": experiment}
 
 
-def rl_pool(kernels, eval_pairs, holdout_task=None):
+def rl_pool(kernels, eval_pairs, holdout_task=None, experiment=""):
     """Training rows of every kernel against its task's seed and every child against its parent,
     without the eval set's kernels (the seed excepted: it is the reference) or the held-out task."""
     uniq, _ = unique_kernels(kernels)
@@ -179,10 +183,10 @@ def rl_pool(kernels, eval_pairs, holdout_task=None):
     for k in uniq:
         seed = seeds.get((k["task"], k["hardware"], k["scale"]))
         if seed is not None and not k.get("is_seed") and usable(k):
-            rows.append(_pool_row(seed, k, effective_speedup(k), "seed"))
+            rows.append(_pool_row(seed, k, effective_speedup(k), "seed", experiment))
     for p, c in parent_child(kernels):
         if not p.get("is_seed") and usable(p) and usable(c):
-            rows.append(_pool_row(p, c, effective_speedup(c) / effective_speedup(p), "parent_edit"))
+            rows.append(_pool_row(p, c, effective_speedup(c) / effective_speedup(p), "parent_edit", experiment))
     return rows
 
 
@@ -192,7 +196,7 @@ def _jsonl_text(rows):
 
 # ---- the build ----------------------------------------------------------------------------------
 
-def build(sources, out, *, per_bin=53, seed=0, holdout_task=None, fill=None, say=print):
+def build(sources, out, *, per_bin=53, seed=0, mirrors=False, holdout_task=None, fill=None, say=print):
     """Harvest, sample (filling short bins when `fill` is a function (task, bin, folder) that runs
     a goal-conditioned search into folder), and write the outputs. Returns the manifest."""
     out = Path(out)
@@ -203,7 +207,7 @@ def build(sources, out, *, per_bin=53, seed=0, holdout_task=None, fill=None, say
     if not kernels:
         raise BuildError("no measured kernels in the inputs; run search.py first")
     say(f"harvested {len(kernels)} measured kernels from {len(inputs)} source(s)")
-    pairs, report = sample_pairs(kernels, per_bin, seed)
+    pairs, report = sample_pairs(kernels, per_bin, seed, mirrors)
     fills = []
     if fill is not None and report["short_bins"]:
         tasks = sorted({k["task"] for k in kernels})
@@ -219,17 +223,18 @@ def build(sources, out, *, per_bin=53, seed=0, holdout_task=None, fill=None, say
                 if folder not in fill_dirs:
                     fill_dirs.append(folder)
                 kernels, inputs = harvest(list(sources) + fill_dirs)
-                pairs, report = sample_pairs(kernels, per_bin, seed)
+                pairs, report = sample_pairs(kernels, per_bin, seed, mirrors)
     say(format_report(report))
-    experiment = f"eval_set.py per-bin {per_bin} seed {seed}"
+    experiment = f"eval_set.py per-bin {per_bin} seed {seed}" + (" mirrors" if mirrors else "")
     files = {
         "kernels.jsonl": _jsonl_text(sorted(kernels, key=lambda k: k["kernel_id"])),
         "eval_set.jsonl": _jsonl_text(eval_row(p, experiment) for p in pairs),
-        "rl_pool.jsonl": _jsonl_text(rl_pool(kernels, pairs, holdout_task)),
-        "discovery_pairs.jsonl": _jsonl_text(discovery_pairs(kernels)),
+        "rl_pool.jsonl": _jsonl_text(rl_pool(kernels, pairs, holdout_task, experiment)),
+        "discovery_pairs.jsonl": _jsonl_text(discovery_pairs(kernels, experiment)),
     }
     manifest = {
-        "built_by": "eval_set.py", "per_bin": per_bin, "seed": seed, "holdout_task": holdout_task,
+        "built_by": "eval_set.py", "per_bin": per_bin, "seed": seed, "mirrors": mirrors,
+        "holdout_task": holdout_task,
         "inputs": inputs, "kernels": report["kernels"], "duplicate_codes_dropped": report["duplicates"],
         "bins": report["bins"], "short_bins": report["short_bins"], "fill_searches": fills,
         "outputs": {name: {"rows": text.count("\n"),
@@ -255,6 +260,8 @@ def build_parser():
                    "discovery_pairs, manifest; fill searches in OUT/fill/)")
     p.add_argument("--per-bin", type=int, default=53, help="eval pairs per bin (the paper: 53, 424 in all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the pair sampler and the fill searches")
+    p.add_argument("--mirrors", action="store_true", help="allow a pair and its mirror (b, a) both "
+                   "in the eval set (the original's sampler); by default each unordered pair once")
     p.add_argument("--holdout-task", choices=TASK_NAMES, default=None,
                    help="leave this task out of the RL pool (the paper: gdn_chunk_fwd_o)")
     return p
@@ -265,7 +272,7 @@ def main(argv=None):
     try:
         if args.per_bin < 1:
             raise BuildError(f"--per-bin must be at least 1, got {args.per_bin}")
-        m = build(args.sources, args.out, per_bin=args.per_bin, seed=args.seed,
+        m = build(args.sources, args.out, per_bin=args.per_bin, seed=args.seed, mirrors=args.mirrors,
                   holdout_task=args.holdout_task)
     except BuildError as e:
         print(f"eval_set.py: error: {e}", file=sys.stderr)

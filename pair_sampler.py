@@ -24,8 +24,9 @@ Input: measured kernels, one JSON object per line (eval_set.py harvests them fro
    it has, and the others share its shortfall (L is raised until the quota is met or every task
    is exhausted); the remainder of an uneven split goes to tasks in a seeded order.
 4. Drawing. Within (task, bin), pairs are drawn uniformly at random without replacement. A pair
-   and its mirror (b, a) carry the same information, so each unordered pair is used at most once;
-   the scarcest bins draw first so that a mirror never takes the last pair of a scarce bin.
+   and its mirror (b, a) carry the same information (the speedup inverted, the bin mirrored), so
+   each unordered pair is used at most once (--mirrors allows both, as the original's sampler
+   did); the scarcest bins draw first so that a mirror never takes the last pair of a scarce bin.
 5. A seeded shuffle of the result; comparison ids are a hash of (task, anchor, candidate) ids, so
    the same kernels and seed give the same file whatever order the kernels were read in.
 
@@ -112,21 +113,24 @@ class Group:
     """The kernels of one (task, hardware, scale) and the bin of each ordered pair of them:
     bins[i, j] is the bin of candidate j over anchor i (0 on the diagonal)."""
 
-    def __init__(self, kernels):
-        self.kernels = kernels
+    def __init__(self, kernels, mirrors=False):
+        self.kernels, self.mirrors = kernels, mirrors
         s = np.array([effective_speedup(k) for k in kernels])
         self.ratio = s[None, :] / s[:, None]
         # searchsorted over the edges is speedup_to_bin on the same floats: lower edge inclusive
         self.bins = np.searchsorted(np.array(BIN_EDGES), self.ratio, side="right") + 1
         np.fill_diagonal(self.bins, 0)
         self.n = len(kernels)
-        self.used = set()  # unordered pairs taken, as i * n + j with i < j
+        self.used = set()  # pairs taken, as i * n + j (with i < j unless mirrors are allowed)
+
+    def _key(self, i, j):
+        return i * self.n + j if self.mirrors else np.minimum(i, j) * self.n + np.maximum(i, j)
 
     def free(self, b):
-        """(anchors, candidates) of the ordered pairs in bin b whose unordered pair is unused,
-        one orientation per unordered pair when both orientations fall in bin b."""
+        """(anchors, candidates) of the ordered pairs in bin b not taken yet; without mirrors, an
+        unordered pair taken either way round is taken, and counts once if both fall in bin b."""
         i, j = np.nonzero(self.bins == b)
-        key = np.minimum(i, j) * self.n + np.maximum(i, j)
+        key = self._key(i, j)
         if self.used:
             keep = ~np.isin(key, np.fromiter(self.used, dtype=np.int64))
             i, j, key = i[keep], j[keep], key[keep]
@@ -135,15 +139,15 @@ class Group:
         return i[first], j[first]
 
     def take(self, i, j):
-        self.used.add(int(min(i, j) * self.n + max(i, j)))
+        self.used.add(int(self._key(i, j)))
 
 
-def group_kernels(kernels):
+def group_kernels(kernels, mirrors=False):
     """{task: [Group, ...]} of unique kernels, groups in sorted (hardware, scale) order."""
     groups = {}
     for k in kernels:
         groups.setdefault(k["task"], {}).setdefault((k["hardware"], k["scale"]), []).append(k)
-    return {t: [Group(ks) for _, ks in sorted(g.items())] for t, g in sorted(groups.items())}
+    return {t: [Group(ks, mirrors) for _, ks in sorted(g.items())] for t, g in sorted(groups.items())}
 
 
 def water_fill(supply, quota, order):
@@ -168,7 +172,7 @@ def water_fill(supply, quota, order):
     return given
 
 
-def sample_pairs(kernels, per_bin, seed=0):
+def sample_pairs(kernels, per_bin, seed=0, mirrors=False):
     """Draw up to `per_bin` pairs per bin (module docstring). Returns (pairs, report).
 
     pairs: dicts with anchor, candidate (kernel records), speedup and bin, in seeded shuffled
@@ -179,7 +183,7 @@ def sample_pairs(kernels, per_bin, seed=0):
     uniq, _ = unique_kernels(kernels)
     dropped = len(kernels) - len(uniq)
     rng = np.random.default_rng(seed)
-    tasks = group_kernels(uniq)
+    tasks = group_kernels(uniq, mirrors)
     supply = {b: {t: sum(len(g.free(b)[0]) for g in gs) for t, gs in tasks.items()} for b in BINS}
     report = {"kernels": len(uniq), "duplicates": dropped, "bins": {}, "short_bins": []}
     pairs = []
@@ -241,7 +245,7 @@ def format_report(report):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def build_parser():
     ap = argparse.ArgumentParser(
         description="Draw a bin-balanced set of (anchor, candidate) pairs, within each task, from "
                     "measured kernels; write them in the paper's eval-set schema.")
@@ -249,9 +253,15 @@ def main(argv=None):
                     "kernels.jsonl): kernel_id, task, code, speedup, hardware, scale, is_seed")
     ap.add_argument("--per-bin", type=int, default=53, help="pairs per bin (the paper: 53, 424 in all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the draw and of the shuffle")
+    ap.add_argument("--mirrors", action="store_true", help="allow a pair and its mirror (b, a) both "
+                    "(the original's sampler); by default each unordered pair is used once")
     ap.add_argument("--out", required=True, help="output JSON Lines file of eval rows")
     ap.add_argument("--json", action="store_true", help="print the report as JSON, not a table")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.per_bin < 1:
         print(f"error: --per-bin must be at least 1, got {args.per_bin}", file=sys.stderr)
         return 2
@@ -260,8 +270,9 @@ def main(argv=None):
     except SamplerInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pairs, report = sample_pairs(kernels, args.per_bin, args.seed)
-    text = "".join(json.dumps(eval_row(p, f"pair_sampler seed {args.seed}")) + "\n" for p in pairs)
+    pairs, report = sample_pairs(kernels, args.per_bin, args.seed, args.mirrors)
+    experiment = f"pair_sampler.py per-bin {args.per_bin} seed {args.seed}" + (" mirrors" if args.mirrors else "")
+    text = "".join(json.dumps(eval_row(p, experiment)) + "\n" for p in pairs)
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -256,3 +256,11 @@ def test_build_bad_inputs_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and needle in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_mirrors_allows_a_pair_and_its_mirror():
+    ks = [kernel("s", "t", 1.0, seed=True), kernel("a", "t", 3.0)]
+    pairs, _ = sample_pairs(ks, 5, seed=0, mirrors=True)
+    assert sorted((p["anchor"]["kernel_id"], p["candidate"]["kernel_id"], p["bin"]) for p in pairs) == \
+        [("a", "s", 1), ("s", "a", 7)]
+    assert len(sample_pairs(ks, 5, seed=0)[0]) == 1
