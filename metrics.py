@@ -1,10 +1,17 @@
 """metrics.py: how good is a forecaster? Every dataset score, and the command line that prints them.
 
-`python metrics.py PREDICTIONS.jsonl [--rows ROWS.jsonl] [--plots DIR] [--json]` reads prediction
-rows (ours or the paper's published format; dataset.py), splits them by forecaster and prints, per
-forecaster and per task, the paper's scores. The score of one forecast (the bins, Brier, CRPS,
-NLL, confidence) is in bins.py; calibration and selective prediction in selective.py; the plots
-in plots.py.
+`python metrics.py PREDICTIONS.jsonl [--rows ROWS.jsonl] [--protocol ours|paper] [--plots DIR]
+[--json]` reads prediction rows (ours or the paper's published format; dataset.py), splits them by
+forecaster and prints, per forecaster and per task, the paper's scores. The score of one forecast
+(the bins, Brier, CRPS, NLL, confidence) is in bins.py; calibration and selective prediction in
+selective.py; the plots in plots.py.
+
+Two protocols (docs/FIDELITY.md lists every difference). `ours` (the default) scores the argmax of
+the probabilities and uses selective.py's risk-coverage. `paper` follows the original code: the
+bin the model stated is the scored bin (accuracy, off-by-one, ECE, max-prob confidence =
+p[stated bin]), and AURC, selective risk at 50% coverage, the other risks, the threshold for a
+coverage and the agreement of two gates come from paper_protocol.py. Its report holds `overall`,
+`tasks`, and `repeats` (each repeat alone and the mean over repeats).
 
 Reading top to bottom:
 1. dataset scores: parse rate, accuracy and off-by-one accuracy, Brier/CRPS/NLL with parse
@@ -12,7 +19,8 @@ Reading top to bottom:
    risk at 50% coverage; per task, and mean/std over repeats (report);
 2. speedup recovered under a measurement budget;
 3. discovery moments;
-4. the command line: tables or JSON, and plots on request.
+4. the paper protocol's report (paper_report);
+5. the command line: tables or JSON, and plots on request.
 
 Speedup recovered under a measurement budget (our definition; the paper's Table 1 has no code):
 within each task's pool of n candidates with measured speedups, rank the candidates by the
@@ -42,8 +50,11 @@ import numpy as np
 from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
 from dataset import load_predictions
+from paper_protocol import selective_scores
 from records import RecordError
 from selective import aurc, ece, row_confidence, selective_risk
+
+PROTOCOLS = ("ours", "paper")
 
 
 def forecaster_name(row):
@@ -126,6 +137,38 @@ def report(rows, budgets=None, discovery_tau=None):
             vals = [v for v in vals if v is not None]
             out["repeats"]["mean"][k] = _mean(vals)
             out["repeats"]["std"][k] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+    if discovery_tau is not None:
+        out["discovery"] = discovery_moments(rows, discovery_tau)
+    return out
+
+
+# ---- the paper protocol (docs/FIDELITY.md; the rows are read with the stated bin as scored bin) --
+
+def paper_scores(rows):
+    """scores() with the original's selective-prediction figures in place of ours."""
+    common = {k: v for k, v in scores(rows).items() if k not in ("aurc", "selective_risk_50")}
+    return {**common, **selective_scores(rows)}
+
+
+def paper_report(rows, budgets=None, discovery_tau=None):
+    """One forecaster under the paper protocol: overall, per task, each repeat and their mean.
+
+    Speedup recovered (our definition; the original has none) is added under both protocols."""
+    budgets = budgets or BUDGETS_PCT
+    sr = speedup_recovered_rows(rows, budgets)
+    out = {"protocol": "paper", "forecasters": sorted({forecaster_name(r) for r in rows}),
+           "overall": {**paper_scores(rows), "speedup_recovered": sr["mean"] if sr else None},
+           "tasks": {}, "speedup_recovered": sr}
+    for task, task_rows in sorted(group_by(rows, lambda r: r["task"]).items()):
+        out["tasks"][task] = {**paper_scores(task_rows),
+                              "speedup_recovered": sr["tasks"][task]["mean"] if sr else None}
+    per = {}
+    for k, rs in sorted(group_by(rows, lambda r: r["repeat"]).items(), key=lambda kv: str(kv[0])):
+        sr_k = speedup_recovered_rows(rs, budgets)
+        per[str(k)] = {**paper_scores(rs), "speedup_recovered": sr_k["mean"] if sr_k else None}
+    numbers = [k for k, v in out["overall"].items() if not isinstance(v, dict)]
+    mean = {k: _mean([p[k] for p in per.values() if p[k] is not None]) for k in numbers}
+    out["repeats"] = {"n": len(per), "per_repeat": per, "mean": mean}
     if discovery_tau is not None:
         out["discovery"] = discovery_moments(rows, discovery_tau)
     return out
@@ -287,7 +330,30 @@ def format_report(name, rep):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def format_paper_report(name, rep):
+    """The paper protocol's table: overall, per task, per repeat and the mean over repeats."""
+    cols = ("n", "parse", "acc", "acc±1", "brier", "crps", "nll", "ece", "aurc", "r@50%", "SR")
+    lines = [f"== {name}", f"{'':<20}" + "".join(f"{c:>7}" for c in cols)]
+
+    def line(label, s):
+        vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
+                s["ece"], s["aurc"], s["selective_risk_at_50"], s.get("speedup_recovered"))
+        return f"{label:<20}{s['n']:>7.0f}" + "".join(_fmt(v) for v in vals)
+
+    lines.append(line("overall", rep["overall"]))
+    lines += [line("  " + task, s) for task, s in rep["tasks"].items()]
+    if rep["repeats"]["n"] > 1:
+        lines += [line(f"  repeat {k}", s) for k, s in rep["repeats"]["per_repeat"].items()]
+        lines.append(line("  mean of repeats", rep["repeats"]["mean"]))
+    if "discovery" in rep:
+        d = rep["discovery"]
+        lines.append(f"discovery (>= 1.414x) at tau {d['tau']}: precision {_fmt(d['precision'], 0)}"
+                     f", recall {_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)}"
+                     f" ({d['discoveries']} of {d['n']} pairs)")
+    return "\n".join(lines)
+
+
+def build_parser():
     ap = argparse.ArgumentParser(
         description="Score forecasts: accuracy, calibration, selective risk and speedup recovered "
                     "under a measurement budget, per forecaster and per task.")
@@ -295,24 +361,41 @@ def main(argv=None):
                                         "paper's published format (detected per line)")
     ap.add_argument("--rows", help="the paper's eval-set rows (JSON Lines), joined on "
                                    "comparison_id to get true_bin, aggregated_speedup and pack")
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="ours",
+                    help="ours: the argmax is the scored bin, this project's risk-coverage; paper: "
+                         "the original's definitions (the stated bin, its AURC and selective risk; "
+                         "docs/FIDELITY.md), to reproduce the paper's tables")
     ap.add_argument("--plots", metavar="DIR", help="write PNG plots (reliability, risk-coverage, "
-                                                   "speedup recovered) into DIR")
+                                                   "speedup recovered) into DIR; the risk-coverage "
+                                                   "legend's AURC is this project's definition")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables "
-                    "(a single forecaster's report, or {\"forecasters\": {name: report}})")
-    ap.add_argument("--bin-rule", choices=("argmax", "stated"), default="argmax",
-                    help="which bin is scored: the argmax of the probabilities (default) or the "
-                         "model's stated bin (the paper's tables)")
+                    "(a single forecaster's report, or {\"forecasters\": {name: report}}), with "
+                    "the protocol used")
+    ap.add_argument("--bin-rule", choices=("argmax", "stated"), default=None,
+                    help="which bin is scored under --protocol ours: the argmax of the probabilities "
+                         "(default) or the model's stated bin; --protocol paper always scores the "
+                         "stated bin")
     ap.add_argument("--discovery", type=float, metavar="TAU", default=None,
                     help="the rows are parent->child pairs: add discovery-moment precision and "
                          "recall of flagging P(child >= 1.414x parent) >= TAU")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.protocol == "paper" and args.bin_rule == "argmax":
+        print("error: --protocol paper scores the stated bin; drop --bin-rule argmax or use "
+              "--protocol ours", file=sys.stderr)
+        return 2
+    bin_rule = "stated" if args.protocol == "paper" else (args.bin_rule or "argmax")
     try:
-        rows = load_predictions(args.predictions, args.rows, args.bin_rule)
+        rows = load_predictions(args.predictions, args.rows, bin_rule)
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     groups = group_by(rows, forecaster_name)
-    reports = {name: report(rs, discovery_tau=args.discovery) for name, rs in sorted(groups.items())}
+    make = paper_report if args.protocol == "paper" else report
+    reports = {name: make(rs, discovery_tau=args.discovery) for name, rs in sorted(groups.items())}
     if args.plots:
         import plots  # matplotlib only when plots are asked for
         try:
@@ -322,15 +405,32 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
     if args.json:
-        out = next(iter(reports.values())) if len(reports) == 1 else {"forecasters": reports}
-        print(json.dumps(out, indent=1))
+        if len(reports) == 1:
+            out = {**next(iter(reports.values())), "protocol": args.protocol}
+        else:
+            out = {"protocol": args.protocol, "forecasters": reports}
+        print(json.dumps(out, indent=1, default=_json_number))
+    elif args.protocol == "paper":
+        print("protocol: paper (the original's definitions, docs/FIDELITY.md)\n")
+        print("\n\n".join(format_paper_report(name, rep) for name, rep in reports.items()))
+        print("\nscored bin = the stated bin; brier = half-Brier; crps = ranked probability score / 7; "
+              "brier/crps/nll score a parse failure as uniform; acc, ece over parsed rows; aurc = "
+              "trapezoid over the covered range (max-prob = p[stated bin], bin mismatch); r@50% = "
+              "risk interpolated at 50% coverage; SR = speedup recovered (our definition)")
     else:
+        print(f"protocol: ours ({bin_rule} bin scored; --protocol paper for the original's "
+              "definitions, docs/FIDELITY.md)\n")
         print("\n\n".join(format_report(name, rep) for name, rep in reports.items()))
         print("\nbrier = half-Brier; crps = ranked probability score / 7; brier/crps/nll score a "
               "parse failure as uniform; acc, ece over parsed rows; aurc over max-prob; r@50% = "
               "risk of the max-prob gate trusting half the rows; SR = speedup recovered, mean "
               "over budgets")
     return 0
+
+
+def _json_number(x):
+    """numpy scalars as plain numbers (json cannot write them)."""
+    return x.item() if hasattr(x, "item") else str(x)
 
 
 if __name__ == "__main__":
