@@ -44,9 +44,9 @@ import sys
 from pathlib import Path
 
 from bins import speedup_to_bin
-from pair_sampler import (SamplerInputError, check_kernel, effective_speedup, eval_row, format_report,
+from pair_sampler import (check_kernel, effective_speedup, eval_row, format_report,
                           read_kernels, sample_pairs, unique_kernels)
-from search_log import write_atomic
+from records import RecordError, read_jsonl, write_atomic
 
 FAMILY = "gpu_mode"  # the paper's discovery pairs name a benchmark family; ours are all GPU MODE
 
@@ -57,21 +57,6 @@ class BuildError(Exception):
 
 # ---- 1. harvest ---------------------------------------------------------------------------------
 
-def _jsonl(path, torn_tail_ok=False):
-    """Objects of a JSON Lines file. A torn last line (a search killed mid-write) is dropped when
-    torn_tail_ok; any other bad line is an error."""
-    lines = [(i, l) for i, l in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if l.strip()]
-    out = []
-    for n, (i, line) in enumerate(lines):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if torn_tail_ok and n == len(lines) - 1:
-                break
-            raise BuildError(f"{path}:{i} is not valid JSON; is this a search.py output folder?") from None
-    return out
-
-
 def harvest_search(folder, name):
     """Measured kernels of one search folder: its training rows, with parents from its event log."""
     folder = Path(folder)
@@ -79,11 +64,16 @@ def harvest_search(folder, name):
     if not rows_path.is_file() or not events_path.is_file():
         raise BuildError(f"{folder} is not a search output folder (needs training_rows.jsonl and "
                          "events.jsonl, as search.py --out writes them)")
-    events = _jsonl(events_path, torn_tail_ok=True)
+    try:
+        events = [e for _, e in read_jsonl(events_path, fix="is the search still running? harvest it "
+                                           "once it has stopped (a rerun of search.py repairs a torn log)")]
+        rows = read_jsonl(rows_path)
+    except RecordError as e:
+        raise BuildError(str(e)) from None
     config = next((e["payload"] for e in events if e.get("kind") == "config"), {})
     parent = {e["request_id"]: e["parent_id"] for e in events if e.get("kind") == "measurement"}
     kernels = []
-    for i, r in enumerate(_jsonl(rows_path), 1):
+    for i, r in rows:
         try:
             node = r["row_id"].rsplit("/", 1)[-1]
             k = {"kernel_id": f"{name}/{node}", "task": r["pack"], "code": r["candidate_code"],
@@ -95,7 +85,7 @@ def harvest_search(folder, name):
             raise BuildError(f"{rows_path}:{i} is not a training row ({type(e).__name__}: {e})") from None
         try:
             kernels.append(check_kernel(k, f"{rows_path}:{i}"))
-        except SamplerInputError as e:
+        except RecordError as e:
             raise BuildError(str(e)) from None
     return kernels
 
@@ -118,7 +108,7 @@ def harvest(sources):
         elif p.is_file():
             try:
                 ks = read_kernels(p)
-            except SamplerInputError as e:
+            except RecordError as e:
                 raise BuildError(str(e)) from None
         else:
             raise BuildError(f"{path} does not exist; pass search.py output folders or kernels.jsonl files")

@@ -45,48 +45,30 @@ from pathlib import Path
 import numpy as np
 
 from bins import BIN_EDGES, BINS, speedup_to_bin
+from records import RecordError, read_jsonl, write_atomic
 
 KERNEL_FIELDS = ("kernel_id", "task", "code", "speedup", "hardware", "scale")
-
-
-class SamplerInputError(ValueError):
-    """A kernels file cannot be used; the message names the file, the line and the fix."""
 
 
 # ---- measured kernels ------------------------------------------------------------------------
 
 def check_kernel(k, where):
-    """A kernel record as read, or SamplerInputError naming `where` and the problem."""
-    if not isinstance(k, dict):
-        raise SamplerInputError(f"{where}: expected one JSON object per line")
+    """A kernel record as read, or RecordError naming `where` and the problem."""
     missing = [f for f in KERNEL_FIELDS if f not in k]
     if missing:
-        raise SamplerInputError(f"{where}: missing field(s) {', '.join(missing)} of a measured kernel "
-                                f"({', '.join(KERNEL_FIELDS)})")
+        raise RecordError(f"{where}: missing field(s) {', '.join(missing)} of a measured kernel "
+                          f"({', '.join(KERNEL_FIELDS)})")
     s = k["speedup"]
     if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-        raise SamplerInputError(f"{where}: speedup must be a finite number > 0, got {s!r}")
+        raise RecordError(f"{where}: speedup must be a finite number > 0, got {s!r}")
     if not isinstance(k["code"], str) or not k["code"].strip():
-        raise SamplerInputError(f"{where}: code must be the kernel's source text")
+        raise RecordError(f"{where}: code must be the kernel's source text")
     return k
 
 
 def read_kernels(path):
     """Measured kernels from a JSON Lines file (as eval_set.py writes kernels.jsonl)."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplerInputError(f"{path}: cannot read the file ({e}); check the path") from None
-    out = []
-    for i, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SamplerInputError(f"{path}:{i}: not valid JSON ({e.msg}); fix or delete "
-                                        "this line") from None
-            out.append(check_kernel(obj, f"{path}:{i}"))
-    return out
+    return [check_kernel(k, f"{path}:{n}") for n, k in read_jsonl(path)]
 
 
 def unique_kernels(kernels):
@@ -267,7 +249,7 @@ def main(argv=None):
         return 2
     try:
         kernels = [k for path in args.kernels for k in read_kernels(path)]
-    except SamplerInputError as e:
+    except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     pairs, report = sample_pairs(kernels, args.per_bin, args.seed, args.mirrors)
@@ -275,10 +257,7 @@ def main(argv=None):
     text = "".join(json.dumps(eval_row(p, experiment)) + "\n" for p in pairs)
     out = Path(args.out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_atomic(out, text)
     except OSError as e:
         print(f"error: cannot write {out} ({e}); pass a writable path", file=sys.stderr)
         return 2
