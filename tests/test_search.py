@@ -585,12 +585,12 @@ def test_catalog_reads_the_real_task_variants():
 
 def _no_model_builds(monkeypatch):
     """Make building any model an error: the embedded forecaster and the LLM backends."""
-    import forecaster
+    import forecaster_backends
 
     def refuse(*a, **kw):
         raise AssertionError("a model was built")
     for name in ("embedded_backend", "TransformersBackend", "OpenAIServerBackend"):
-        monkeypatch.setattr(forecaster, name, refuse)
+        monkeypatch.setattr(forecaster_backends, name, refuse)
 
 
 @pytest.mark.slow
@@ -649,10 +649,10 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
     import os
     from pathlib import Path
 
-    import forecaster
+    import forecaster_backends
     pytest.importorskip("measure")
     FakeEmbeddedBackend.builds = 0
-    monkeypatch.setattr(forecaster, "embedded_backend", FakeEmbeddedBackend)
+    monkeypatch.setattr(forecaster_backends, "embedded_backend", FakeEmbeddedBackend)
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
     out = tmp_path / "gated"
     argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "2",

@@ -31,16 +31,16 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import forecaster  # noqa: E402
-import bins  # noqa: E402
-import dataset  # noqa: E402
-from dataset import load_predictions  # noqa: E402
+from forecast_answer import Forecast, failure  # noqa: E402
+from forecaster_backends import TransformersBackend  # noqa: E402
+import metrics  # noqa: E402
+import metrics_io  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
 
 
 def fc(probs):
-    return forecaster.Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
+    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0)
 
 
 # ---- rewards ---------------------------------------------------------------------------------
@@ -55,9 +55,9 @@ def test_rewards_exact():
     # true bin 5: a miss; half-Brier 0.5 * (0.01 + 0.36 + 0.49) = 0.43
     assert train_grpo.reward(fc(p), 5, "correctness") == 0.0
     assert train_grpo.reward(fc(p), 5, "brier") == pytest.approx(1 - 0.43)
-    # same scores as bins.py
-    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - bins.crps(p, 7))
-    failed = forecaster.failure("no answer")
+    # same scores as metrics.py
+    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - metrics.crps(p, 7))
+    failed = failure("no answer")
     for kind in train_grpo.REWARDS:
         assert train_grpo.reward(failed, 4, kind) == 0.0
     with pytest.raises(ValueError, match="unknown reward"):
@@ -246,7 +246,7 @@ def test_shared_prompt_forward_gives_the_same_logprobs_gradient_and_samples():
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     # without the prompt's part of the gradient the result is wrong: the check has teeth
     assert not all(torch.allclose(a, torch.zeros_like(a), atol=1e-6) for a in expected[:4])
-    backend = forecaster.TransformersBackend(model=model, tokenizer=tok)
+    backend = TransformersBackend(model=model, tokenizer=tok)
     kw = dict(temperature=0, max_new_tokens=5, batch_size=4)
     other = tok.encode("speedup: fused")
     plain = grpo_policy.sample(model, backend, [prompt, other], 2, share_prompt=False, **kw)
@@ -321,7 +321,7 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
     assert summary["n"] == 2 and summary["parse_rate"] == 1.0
     # the adapter loads in forecaster.py's backend (peft format)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    backend = forecaster.TransformersBackend(
+    backend = TransformersBackend(
         model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
         tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), adapter=out / "adapter")
     assert any("lora" in n for n, _ in backend.model.named_parameters())

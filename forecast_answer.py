@@ -1,0 +1,244 @@
+"""forecast_answer.py: the forecast, and how it is read from what the model writes (docs/PAPER.md §3).
+
+forecast_prompt.py says what the model is shown; this file says how its answer becomes a Forecast:
+8 probabilities over the bins of metrics.py, or a parse failure with a reason.
+
+    Forecast        the probabilities, the bin that is scored (their argmax), the bin the model
+                    stated, the model's reasoning, and what the forecast cost
+    parse_answer    the model's text (harmony markup or plain text) -> Forecast; never raises
+    DIGITS, ANSWER_PREFIX   the logits read-out: the answer is forced to begin ANSWER_PREFIX and
+                    the next-token probabilities of the bin digits are read
+
+Parsing rules (documented choices where the paper leaves room):
+  - where the answer is looked for, in order: the tool call (harmony commentary channel or a
+    server's tool_calls, which the server backend writes back as harmony markup); then a JSON
+    object in the final channel; then a fenced ```json block or a bare JSON object in plain text.
+    With several tool calls the LAST COMPLETE one wins (its arguments parse as a JSON object); a
+    trailing call cut off mid-JSON is ignored.
+  - required fields: predicted_bin (integer 1..8), p_severe_slowdown .. p_extreme_speedup (numbers
+    in [0, 1], not all zero) and a non-empty reasoning string; otherwise a parse failure.
+  - probabilities are renormalised to sum 1; raw_sum keeps the sum the model wrote.
+  - predicted_bin = argmax of the probabilities (metrics.predicted_bin), so the bin that is scored
+    and the confidence always come from the same distribution. The model's own predicted_bin is
+    kept as stated_bin; Forecast.bin_disagrees records when the two differ.
+"""
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+
+import metrics
+from forecast_prompt import PROB_FIELDS, TOOL_NAME
+
+DIGITS = tuple(str(b) for b in metrics.BINS)  # the bins as the model writes them, one token each
+ANSWER_PREFIX = '{"predicted_bin": '
+
+
+# ---- the forecast -----------------------------------------------------------------------------------
+
+@dataclass
+class Forecast:
+    probs: list = None            # 8 floats summing to 1, or None on a parse failure
+    parse_failed: bool = False
+    parse_error: str = None
+    stated_bin: int = None        # the bin the model wrote (None for the logits read-out)
+    predicted_bin: int = None     # argmax of probs: the bin that is scored
+    raw_sum: float = None         # the probabilities' sum before renormalising
+    reasoning: str = ""
+    readout: str = "verbalized"
+    model: str = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bin_disagrees(self):
+        return self.stated_bin is not None and self.predicted_bin is not None and self.stated_bin != self.predicted_bin
+
+    def confidence(self, kind="maxprob"):
+        return None if self.probs is None else metrics.confidence(self.probs, kind)
+
+    @property
+    def expected_bin(self):
+        return None if self.probs is None else metrics.expected_bin(self.probs)
+
+    @property
+    def expected_log2_speedup(self):
+        return None if self.probs is None else metrics.expected_log2_speedup(self.probs)
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def failure(reason, **kw):
+    return Forecast(parse_failed=True, parse_error=reason, **kw)
+
+
+def from_probs(raw, **kw):
+    """A Forecast from 8 raw probabilities, renormalised; None if they are all zero."""
+    total = math.fsum(raw)
+    if not total > 0:
+        return None
+    probs = [p / total for p in raw]
+    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=total, **kw)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def forecast_from_args(args):
+    """Validate the tool call's arguments (a dict) into a Forecast or a parse failure."""
+    if not isinstance(args, dict):
+        return failure(f"answer is a JSON {type(args).__name__}, not an object")
+    for f in ("predicted_bin", *PROB_FIELDS, "reasoning"):
+        if f not in args:
+            return failure(f"missing field {f}")
+    raw = []
+    for f in PROB_FIELDS:
+        v = args[f]
+        if not _is_number(v) or not math.isfinite(v) or not 0 <= v <= 1:
+            return failure(f"{f} out of range [0, 1]: {v!r}"[:200])
+        raw.append(float(v))
+    stated = args["predicted_bin"]
+    if not _is_number(stated) or not math.isfinite(stated) or stated != int(stated) \
+            or not 1 <= stated <= metrics.N_BINS:
+        return failure(f"predicted_bin must be an integer in 1..{metrics.N_BINS}: {stated!r}"[:200])
+    reasoning = args["reasoning"]
+    if not isinstance(reasoning, str) or not reasoning.strip():
+        return failure("empty reasoning")
+    f = from_probs(raw, stated_bin=int(stated), reasoning=reasoning.strip())
+    return f if f is not None else failure("all probabilities are zero")
+
+
+def _unwrap(obj):
+    """Accept {"name": TOOL_NAME, "arguments": {...}} as written by chat models without tool calls."""
+    if isinstance(obj, dict) and "arguments" in obj and obj.get("name", TOOL_NAME) == TOOL_NAME:
+        args = obj["arguments"]
+        if isinstance(args, str):
+            try:
+                args = _DECODER.decode(args)
+            except _BAD_JSON:
+                return obj
+        return args
+    return obj
+
+
+def _harmony_messages(text):
+    """[(channel, recipient, body, terminated)] of GPT-OSS harmony markup; [] for plain text."""
+    if "<|message|>" not in text:
+        return []
+    out = []
+    for part in text.split("<|start|>"):
+        if "<|message|>" not in part:
+            continue
+        header, body = part.split("<|message|>", 1)
+        channel = re.search(r"<\|channel\|>\s*(\w+)", header)
+        recipient = re.search(r"to=([\w.\-]+)", header)
+        end = re.search(r"<\|(?:end|call|return)\|>", body)
+        out.append((channel.group(1) if channel else None, recipient.group(1) if recipient else None,
+                    body[:end.start()] if end else body, end is not None))
+    return out
+
+
+_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.S)
+
+
+def _float_sized_int(s):
+    """JSON integers must fit a float (a probability or a bin never needs more): a longer one
+    raises OverflowError, which makes its call incomplete rather than the whole answer unparseable."""
+    v = int(s)
+    float(v)
+    return v
+
+
+_DECODER = json.JSONDecoder(parse_int=_float_sized_int)
+# What decoding a model's JSON can raise: malformed text, nesting deeper than the recursion limit,
+# an integer too large for a float.
+_BAD_JSON = (ValueError, RecursionError, OverflowError)
+
+
+def _json_candidates(text):
+    """JSON objects in text: the fenced blocks if any parse, else every bare {...} object."""
+    found = []
+    for block in _FENCE.findall(text):
+        try:
+            found.append(_DECODER.decode(block))
+        except _BAD_JSON:
+            pass
+    if found:
+        return found
+    pos, tries = text.find("{"), 0
+    while pos != -1 and tries < 500:
+        tries += 1
+        try:
+            obj, end = _DECODER.raw_decode(text, pos)
+            found.append(obj)
+            pos = text.find("{", end)
+        except _BAD_JSON:
+            pos = text.find("{", pos + 1)
+    return found
+
+
+def _answer_in(text):
+    """The last JSON object in text that looks like an answer, or None."""
+    objs = [_unwrap(o) for o in _json_candidates(text)]
+    objs = [o for o in objs if isinstance(o, dict)]
+    answers = [o for o in objs if "predicted_bin" in o or any(f in o for f in PROB_FIELDS)]
+    return answers[-1] if answers else None
+
+
+def _parse(text):
+    msgs = _harmony_messages(text)
+    calls = [m for m in msgs if m[1] and m[1].split(".")[-1] == TOOL_NAME]
+    if calls:
+        last_error = None
+        for _, _, body, _ in reversed(calls):  # the last complete call wins
+            try:  # complete = its arguments open with a whole JSON value (trailing text is ignored)
+                args = _unwrap(_DECODER.raw_decode(body.strip())[0])
+            except _BAD_JSON as e:
+                last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {type(e).__name__}: {e}"[:300]
+                continue
+            return forecast_from_args(args)
+        return failure(last_error)
+    finals = [m[2] for m in msgs if m[0] == "final"]
+    if finals:
+        ans = _answer_in(finals[-1])
+        return forecast_from_args(ans) if ans is not None else failure("no answer: the final channel holds no JSON forecast")
+    if msgs:
+        if msgs[-1][0] == "analysis" and not msgs[-1][3]:
+            return failure("truncated reasoning: the completion ended inside the analysis channel (raise max_new_tokens)")
+        return failure(f"no answer: the model never called {TOOL_NAME}")
+    if not text.strip():
+        return failure("no answer: empty completion")
+    ans = _answer_in(text)
+    if ans is None:
+        return failure("no answer: no tool call and no JSON forecast in the completion")
+    return forecast_from_args(ans)
+
+
+def parse_answer(text):
+    """The model's answer (harmony markup or plain text) as a Forecast. Never raises."""
+    try:
+        return _parse(text if isinstance(text, str) else str(text))
+    except Exception as e:  # a parser bug must cost one row, not a batch
+        return failure(f"unparseable answer: {type(e).__name__}: {e}"[:300])
+
+
+def parse_completion(c):
+    """parse_answer of a backend Completion, carrying its error, token counts and time."""
+    f = failure(c.error) if c.error else parse_answer(c.text)
+    f.tokens_in, f.tokens_out, f.seconds = c.tokens_in, c.tokens_out, c.seconds
+    return f
+
+
+def reasoning_of(c):
+    """The model's reasoning in a completion: its analysis channel, or the text before any JSON."""
+    msgs = _harmony_messages(c.text)
+    if msgs:
+        return "\n".join(m[2] for m in msgs if m[0] == "analysis").strip()
+    return re.split(r"```|\{", c.text, maxsplit=1)[0].strip()
