@@ -27,6 +27,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+import harmony
 import metrics
 from forecast_prompt import PROB_FIELDS, TOOL_NAME
 
@@ -128,23 +129,6 @@ def _unwrap(obj):
     return obj
 
 
-def _harmony_messages(text):
-    """[(channel, recipient, body, terminated)] of GPT-OSS harmony markup; [] for plain text."""
-    if "<|message|>" not in text:
-        return []
-    out = []
-    for part in text.split("<|start|>"):
-        if "<|message|>" not in part:
-            continue
-        header, body = part.split("<|message|>", 1)
-        channel = re.search(r"<\|channel\|>\s*(\w+)", header)
-        recipient = re.search(r"to=([\w.\-]+)", header)
-        end = re.search(r"<\|(?:end|call|return)\|>", body)
-        out.append((channel.group(1) if channel else None, recipient.group(1) if recipient else None,
-                    body[:end.start()] if end else body, end is not None))
-    return out
-
-
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.S)
 
 
@@ -193,24 +177,24 @@ def _answer_in(text):
 
 
 def _parse(text):
-    msgs = _harmony_messages(text)
-    calls = [m for m in msgs if m[1] and m[1].split(".")[-1] == TOOL_NAME]
+    msgs = harmony.messages(text)
+    calls = [m for m in msgs if m.recipient and m.recipient.split(".")[-1] == TOOL_NAME]
     if calls:
         last_error = None
-        for _, _, body, _ in reversed(calls):  # the last complete call wins
+        for call in reversed(calls):  # the last complete call wins
             try:  # complete = its arguments open with a whole JSON value (trailing text is ignored)
-                args = _unwrap(_DECODER.raw_decode(body.strip())[0])
+                args = _unwrap(_DECODER.raw_decode(call.content.strip())[0])
             except _BAD_JSON as e:
                 last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {type(e).__name__}: {e}"[:300]
                 continue
             return forecast_from_args(args)
         return failure(last_error)
-    finals = [m[2] for m in msgs if m[0] == "final"]
+    finals = [m.content for m in msgs if m.channel == "final"]
     if finals:
         ans = _answer_in(finals[-1])
         return forecast_from_args(ans) if ans is not None else failure("no answer: the final channel holds no JSON forecast")
     if msgs:
-        if msgs[-1][0] == "analysis" and not msgs[-1][3]:
+        if msgs[-1].channel == "analysis" and not msgs[-1].complete:
             return failure("truncated reasoning: the completion ended inside the analysis channel (raise max_new_tokens)")
         return failure(f"no answer: the model never called {TOOL_NAME}")
     if not text.strip():
@@ -238,7 +222,7 @@ def parse_completion(c):
 
 def reasoning_of(c):
     """The model's reasoning in a completion: its analysis channel, or the text before any JSON."""
-    msgs = _harmony_messages(c.text)
+    msgs = harmony.messages(c.text)
     if msgs:
-        return "\n".join(m[2] for m in msgs if m[0] == "analysis").strip()
+        return "\n".join(m.content for m in msgs if m.channel == "analysis").strip()
     return re.split(r"```|\{", c.text, maxsplit=1)[0].strip()

@@ -41,9 +41,8 @@ from pathlib import Path
 import metrics
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, HARDWARE_PROFILES, build_messages, hardware_info, shared_messages
-from forecaster_backends import (DEFAULT_MODEL, REASONING_EFFORTS, Completion, ModelNotFound, OpenAIServerBackend,
-                                 TransformersBackend, embedded_backend, model_not_found_message,
-                                 weights_available)
+from forecaster_backends import Completion, choose_backend
+from lm import DEFAULT_MODEL, REASONING_EFFORTS
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "forecasts"
 
@@ -213,22 +212,6 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
 
 # ---- command line ---------------------------------------------------------------------------------------
 
-def choose_backend(args):
-    """--server if given; --embedded if asked; else the local model if its weights are here and a
-    GPU is present (or --model names one explicitly); else the embedded SmolLM2, with a notice."""
-    import torch
-    if args.server:
-        return OpenAIServerBackend(args.server, model=args.model or DEFAULT_MODEL, api_key=args.api_key,
-                                   reasoning_effort=args.reasoning_effort, adapter=args.adapter)
-    local = dict(adapter=args.adapter, reasoning_effort=args.reasoning_effort)
-    if not args.embedded:
-        if args.model and not weights_available(args.model):
-            raise ModelNotFound(model_not_found_message(args.model))
-        if args.model or (torch.cuda.is_available() and weights_available(DEFAULT_MODEL)):
-            return TransformersBackend(args.model or DEFAULT_MODEL, batch_size=args.batch_size or 8, **local)
-    return embedded_backend(batch_size=args.batch_size, **local)
-
-
 def bar_chart(forecast, width=30):
     lines = []
     for b, p in zip(bins.BINS, forecast.probs):
@@ -300,7 +283,9 @@ def main(argv=None, backend=None):
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
-        backend = backend or choose_backend(args)
+        backend = backend or choose_backend(server=args.server, model=args.model, embedded=args.embedded,
+                                            adapter=args.adapter, api_key=args.api_key,
+                                            reasoning_effort=args.reasoning_effort, batch_size=args.batch_size)
         t_loaded = time.perf_counter()
         fc = Forecaster(backend, readout=args.readout, cache_dir=None if args.no_cache else args.cache_dir,
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,

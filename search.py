@@ -64,7 +64,7 @@ from pathlib import Path
 import metrics
 from forecast_answer import Forecast
 from forecaster import Forecaster, Gate
-from forecaster_backends import DEFAULT_MODEL, ModelNotFound
+from lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 from puct import Archive
 from dataset import training_row
@@ -500,12 +500,6 @@ class Lazy:
         return getattr(self._built, name)
 
 
-def _require_weights(b, name):
-    """Fail at start-up, not at the first lazy use, when a named model is not on this machine."""
-    if not b.weights_available(name):
-        raise SearchError(b.model_not_found_message(name))
-
-
 def setup(args, say=print):
     """Pick the scale, the mutator and the forecaster for this machine, and say what was chosen."""
     import torch
@@ -521,15 +515,21 @@ def setup(args, say=print):
 
     # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
     import forecaster_backends as b
+
+    def local_model(name):  # a named model must be here: fail at start-up, not at the first use
+        try:
+            return b.pick_local_model(name)
+        except ModelNotFound as e:
+            raise SearchError(str(e)) from None
     llm, llm_name = None, None
     want_llm = args.mutator != "catalog" or (args.gate != "none" or args.compare)
     if args.server:
         llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
         llm_name = f"{args.server_model} at {args.server}"
-    elif args.model or (want_llm and has_gpu and b.weights_available(DEFAULT_MODEL)):
-        llm_name = args.model or DEFAULT_MODEL
-        _require_weights(b, llm_name)
-        llm = Lazy(lambda: b.TransformersBackend(llm_name))
+    elif args.model or want_llm:
+        llm_name = local_model(args.model)
+        if llm_name:
+            llm = Lazy(lambda: b.TransformersBackend(llm_name))
 
     description = tasks.get_task(args.task).DESCRIPTION
     if args.mutator == "llm" and llm is None:
@@ -547,7 +547,7 @@ def setup(args, say=print):
     forecaster, forecaster_name = None, ""
     if args.gate != "none" or args.compare:
         if args.forecaster_model:
-            _require_weights(b, args.forecaster_model)
+            local_model(args.forecaster_model)
             fname, build = args.forecaster_model, lambda: b.TransformersBackend(args.forecaster_model, adapter=args.adapter)
         elif args.server and args.adapter:  # the server serves the adapter under its own name
             fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.server_model, adapter=args.adapter)

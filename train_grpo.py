@@ -4,7 +4,8 @@ The paper turns every measured kernel into a labelled training row (anchor code,
 measured speedup) and trains GPT-OSS-20B + LoRA with GRPO so that its 8 bin probabilities become
 accurate *and calibrated*. The original ran GRPO on a hosted service; this file is the same
 algorithm on transformers + peft + accelerate, readable top to bottom (the mechanics of the model
-under training, loading, LoRA, prompt rendering and sampling, are in grpo_policy.py):
+under training, loading, LoRA, sampling and log-probabilities, are lm.py's, shared with the
+forecaster):
 
     rows ─▶ prompt (forecast_prompt.build_messages) ─▶ G samples per prompt (temperature 1.0)
          ─▶ parse (forecast_answer.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
@@ -71,14 +72,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import forecaster_backends
-import bins
+import lm
 import metrics
 import metrics_io
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
-from grpo_policy import (add_lora, backward_prompt, checkpointing, collate, completion_logprobs, detached,
-                         load_base, prompt_kv, sample)
+from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 
 REWARDS = ("correctness", "brier", "crps")
 
@@ -120,7 +119,7 @@ VOTES_INSTRUCTION = ("\n\nAnswer format for this run: after \"" + VOTES_PREFIX.s
 
 # ---- the prompt and the two answer formats --------------------------------------------------------
 
-def make_prompt_fn(backend, args):
+def make_prompt_fn(policy, args):
     """row -> prompt token ids: build_messages rendered exactly as forecaster.py's
     TransformersBackend renders it (harmony for GPT-OSS, the chat template otherwise)."""
     hardware = hardware_info(args.hardware)
@@ -131,8 +130,8 @@ def make_prompt_fn(backend, args):
         if args.answer_format == "votes":
             messages[-1] = dict(messages[-1], content=messages[-1]["content"]
                                 + VOTES_INSTRUCTION.format(k=args.votes))
-            return backend.answer_prompt(messages, None, VOTES_PREFIX)
-        return backend.render(messages, tools=[FORECAST_TOOL])
+            return policy.answer_prompt(messages, None, VOTES_PREFIX)
+        return policy.render(messages, tools=[FORECAST_TOOL])
     return prompt
 
 
@@ -245,17 +244,17 @@ def load_checkpoint(model, optimizer, out, args):
 
 # ---- evaluation ----------------------------------------------------------------------------------
 
-def evaluate(model, backend, rows, prompt_fn, parse, args, out, max_new, allowed=None):
+def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
     """Forecast the held-out rows, write OUT/predictions.jsonl (ARCHITECTURE.md's prediction rows,
     readable by `python metrics.py`) and OUT/eval_summary.json (metrics.report)."""
     n = args.eval_samples if args.eval_temperature > 0 else 1
     samples = []
     for i in range(0, len(rows), args.gen_batch_size):
         chunk = rows[i:i + args.gen_batch_size]
-        samples += sample(model, backend, [prompt_fn(r) for r in chunk], n,
-                          temperature=args.eval_temperature, max_new_tokens=max_new,
-                          batch_size=args.gen_batch_size, allowed=allowed)
-    name = "SmolLM2-135M-Instruct (embedded)" if args.embedded else args.model
+        samples += sample_groups(policy, [prompt_fn(r) for r in chunk], n,
+                                 temperature=args.eval_temperature, max_new_tokens=max_new,
+                                 batch_size=args.gen_batch_size, allowed=allowed)
+    name = lm.EMBEDDED_NAME if args.embedded else args.model
     preds = []
     for j, s in enumerate(samples):
         row, f = rows[j // n], parse(s["text"])
@@ -282,6 +281,20 @@ def score_samples(forecasts, true_bin, kind):
         "correct": sum(bins.predicted_bin(f.probs) == true_bin for f in parsed),
         "brier": sum(bins.brier(p, true_bin) for p in probs),
         "crps": sum(bins.crps(p, true_bin) for p in probs)}
+
+
+def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
+                  share_prompt=True):
+    """G completions of each prompt (token ids) from the policy (an lm.LM), prompt-major:
+    [{prompt, completion, text, seconds}]. share_prompt: a prompt's forward runs once and its G
+    rows generate from its KV cache."""
+    flat = [p for p in prompts for _ in range(G)]
+    was_training = policy.model.training
+    policy.model.eval()
+    done = policy.generate(flat, max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
+                           prefixes=[p[:-1] for p in flat] if share_prompt else None, allowed=allowed)
+    policy.model.train(was_training)
+    return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s} for p, (c, s) in zip(flat, done)]
 
 
 def peak_memory_bytes(device):
@@ -311,19 +324,20 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     if (out / "log.jsonl").exists() and not args.resume:
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     if model is None:
-        model, tokenizer = load_base(args, device)
+        model, tokenizer = lm.load_embedded() if args.embedded else lm.load_model(args.model, device=device, training=True)
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
-    model = add_lora(model, args, device)
-    backend = forecaster_backends.TransformersBackend(model=model, tokenizer=tokenizer,
-                                                      reasoning_effort=args.reasoning_effort)
+    model = lm.add_lora(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets.split(","),
+                        expert_lora=not args.no_expert_lora, device=device,
+                        gradient_checkpointing=not args.no_gradient_checkpointing)
+    policy = LM(model, tokenizer, reasoning_effort=args.reasoning_effort)
     model.train()
-    prompt_fn = prompt_fn or make_prompt_fn(backend, args)
+    prompt_fn = prompt_fn or make_prompt_fn(policy, args)
     parse = parse or ((lambda text: parse_votes(text, args.votes)) if args.answer_format == "votes"
                       else parse_answer)
     allowed, max_new = None, args.max_new_tokens
     if args.answer_format == "votes":  # the completion is exactly K bin digits
         allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
-        allowed[backend.candidate_ids(DIGITS)] = True  # ValueError unless each is one token
+        allowed[policy.candidate_ids(DIGITS)] = True  # ValueError unless each is one token
         max_new = args.votes
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
@@ -342,7 +356,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         rows = rows_for_step(train_rows, step, args.prompts_per_step, args.seed)
         rows = rows[acc.process_index::acc.num_processes]
         # 1. sample G completions per prompt with the current policy; parse; reward
-        samples = sample(model, backend, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
+        samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
                          max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed,
                          share_prompt=not args.no_prefix_cache)
         rewards, totals = [], {}
@@ -355,7 +369,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         adv, keep = group_advantages(rewards, args.scale_std)
         kept = [dict(s, adv=float(adv[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
         # micro-batches never mix prompts: with `share`, each prompt's forward runs once per pass
-        # and serves all of its group's micro-batches (grpo_policy.prompt_kv)
+        # and serves all of its group's micro-batches (lm.prompt_kv)
         share = not args.no_prefix_cache and not checkpointing(model)
         batches = [kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
         local = torch.tensor([sum(len(s["completion"]) for s in kept), len(batches)],
@@ -368,7 +382,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         prepared, kv_of = [], {}
         with torch.no_grad():
             for b in batches:
-                t = collate(b, backend.pad_id, device)
+                t = collate(b, policy.pad_id, device)
                 if b[0].get("filler"):
                     t = t[:3] + (torch.zeros_like(t[3]), t[4])
                 key = tuple(b[0]["prompt"])
@@ -442,7 +456,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         acc.unwrap_model(wrapped).save_pretrained(out / "adapter", save_embedding_layers=False)
         if eval_rows:
             seed_everything(args.seed, args.steps, 0)  # the same forecasts after a --resume
-            summary = evaluate(model, backend, eval_rows, prompt_fn, parse, args, out, max_new, allowed)
+            summary = evaluate(policy, eval_rows, prompt_fn, parse, args, out, max_new, allowed)
     return {"log": records, "eval": summary}
 
 
@@ -455,7 +469,7 @@ def build_parser():
     a("--data", required=True, help="training rows (JSON Lines): pack, anchor_code, "
       "candidate_code, aggregated_speedup (ours or the paper's RL pool)")
     a("--out", required=True, help="output folder: log.jsonl, checkpoint-*/, adapter/, predictions")
-    a("--model", default=forecaster_backends.DEFAULT_MODEL, help="causal LM name or local path")
+    a("--model", default=lm.DEFAULT_MODEL, help="causal LM name or local path")
     a("--embedded", action="store_true", help="the embedded SmolLM2-135M-Instruct (CPU; "
       "exercises the pipeline, its forecasts mean nothing)")
     a("--reward", choices=REWARDS, default="brier", help="correctness, +Brier or +CRPS")
@@ -475,7 +489,7 @@ def build_parser():
       "server whose LoRA support does not cover MoE expert weights)")
     a("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     a("--max-new-tokens", type=int, default=8192, help="completion budget (default 8192)")
-    a("--reasoning-effort", choices=forecaster_backends.REASONING_EFFORTS, default="medium",
+    a("--reasoning-effort", choices=lm.REASONING_EFFORTS, default="medium",
       help="GPT-OSS reasoning effort (default medium)")
     a("--hardware", default=None, help="hardware profile in the prompt (forecast_prompt.HARDWARE_"
       "PROFILES; default the local GPU, else the paper's A100)")
@@ -535,7 +549,7 @@ def main(argv=None):
         return 2
     try:
         result = train(args)
-    except (ValueError, OSError, forecaster_backends.ModelNotFound) as e:
+    except (ValueError, OSError, lm.ModelNotFound) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if result["eval"]:

@@ -235,10 +235,10 @@ def o200k(tmp_path_factory):
 
 def test_harmony_render_and_parse_round_trip(o200k):
     from openai_harmony import Message, RenderOptions, Role
-    from forecaster_backends import _harmony_channels, _harmony_prompt, harmony_encoding
-    enc = harmony_encoding()
+    import harmony
+    enc = harmony.encoding()
     messages = build_messages("cross_entropy", REF, CAND, A100)
-    prompt = enc.decode(_harmony_prompt(messages, [FORECAST_TOOL], "high"))
+    prompt = enc.decode(harmony.render(messages, [FORECAST_TOOL], "high"))
     assert prompt.startswith("<|start|>system<|message|>") and "Reasoning: high" in prompt
     assert "<|start|>developer<|message|># Instructions" in prompt and f"type {TOOL_NAME} =" in prompt
     assert "GPU execution simulator" in prompt and CAND.strip() in prompt
@@ -252,9 +252,9 @@ def test_harmony_render_and_parse_round_trip(o200k):
     assert tokens[-1] in enc.stop_tokens_for_assistant_actions()
     f = parse_answer(enc.decode(tokens))
     assert not f.parse_failed and f.stated_bin == 6 and f.predicted_bin == 5
-    channels = _harmony_channels(tokens)
-    assert [c["channel"] for c in channels] == ["analysis", "commentary"]
-    assert channels[1]["recipient"] == TOOL and json.loads(channels[1]["content"])["predicted_bin"] == 6
+    channels = harmony.messages(enc.decode(tokens))  # the one parser reads what harmony rendered
+    assert [c.channel for c in channels] == ["analysis", "commentary"] and all(c.complete for c in channels)
+    assert channels[1].recipient == TOOL and json.loads(channels[1].content)["predicted_bin"] == 6
 
 
 # ---- a tiny random GPT-OSS, end to end --------------------------------------------------------------
@@ -405,7 +405,8 @@ def test_server_final_content_answer_is_parsed():
     with FakeOpenAIServer(replies=[final_text("```json\n" + json.dumps(args(stated=4)) + "\n```", reasoning="hm")]) as server:
         c = server_backend(server.url).generate([[{"role": "user", "content": "x"}]], max_new_tokens=9,
                                                 temperature=1.0, seed=0)[0]
-    assert [ch["channel"] for ch in c.channels] == ["analysis", "final"]
+    import harmony
+    assert [m.channel for m in harmony.messages(c.text)] == ["analysis", "final"]
     f = parse_completion(c)
     assert not f.parse_failed and f.stated_bin == 4 and reasoning_of(c) == "hm"
 

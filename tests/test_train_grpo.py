@@ -207,14 +207,14 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 
 def test_shared_prompt_forward_gives_the_same_logprobs_gradient_and_samples():
-    """One prompt forward serving a group (grpo_policy.prompt_kv) changes nothing but the cost: the
+    """One prompt forward serving a group (lm.prompt_kv) changes nothing but the cost: the
     same log-probs and adapter gradient as running each sample's whole sequence, with the prompt
     longer than the tiny GPT-OSS's sliding window (32) and samples one micro-batch each."""
-    import grpo_policy
+    import lm
     model, tok = tiny_policy()
-    args = train_grpo.build_parser().parse_args(["--data", "x", "--out", "y", "--lora-rank", "4"])
     torch.manual_seed(0)
-    model = grpo_policy.add_lora(model, args, torch.device("cpu"))
+    model = lm.add_lora(model, rank=4, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        device=torch.device("cpu"))
     with torch.no_grad():  # a fresh adapter's B is zero, which would hide half the gradient
         for n, p in model.named_parameters():
             if "lora_B" in n:
@@ -229,28 +229,28 @@ def test_shared_prompt_forward_gives_the_same_logprobs_gradient_and_samples():
         out = [p.grad.clone() for p in params]
         model.zero_grad(set_to_none=True)
         return out
-    whole = grpo_policy.completion_logprobs(model, grpo_policy.collate(group, 0, "cpu"))
+    whole = lm.completion_logprobs(model, lm.collate(group, 0, "cpu"))
     (whole.sum(-1) * weights).sum().backward()
     expected = grads()
-    kv = grpo_policy.prompt_kv(model, prompt)
-    leaves = grpo_policy.detached(kv)
+    kv = lm.prompt_kv(model, prompt)
+    leaves = lm.detached(kv)
     for i, s in enumerate(group):
-        logp = grpo_policy.completion_logprobs(model, grpo_policy.collate([s], 0, "cpu"), prefix=leaves)
+        logp = lm.completion_logprobs(model, lm.collate([s], 0, "cpu"), prefix=leaves)
         n = len(s["completion"])
         assert torch.allclose(logp[0], whole[i, :n], atol=1e-5)
         (logp.sum() * weights[i]).backward()
-    grpo_policy.backward_prompt(kv, leaves)
+    lm.backward_prompt(kv, leaves)
     shared = grads()
     assert any(g.abs().sum() > 0 for g in expected)
     for a, b in zip(expected, shared):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     # without the prompt's part of the gradient the result is wrong: the check has teeth
     assert not all(torch.allclose(a, torch.zeros_like(a), atol=1e-6) for a in expected[:4])
-    backend = TransformersBackend(model=model, tokenizer=tok)
+    policy = lm.LM(model, tok)
     kw = dict(temperature=0, max_new_tokens=5, batch_size=4)
     other = tok.encode("speedup: fused")
-    plain = grpo_policy.sample(model, backend, [prompt, other], 2, share_prompt=False, **kw)
-    reused = grpo_policy.sample(model, backend, [prompt, other], 2, **kw)
+    plain = train_grpo.sample_groups(policy, [prompt, other], 2, share_prompt=False, **kw)
+    reused = train_grpo.sample_groups(policy, [prompt, other], 2, **kw)
     assert [s["completion"] for s in plain] == [s["completion"] for s in reused]
 
 

