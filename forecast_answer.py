@@ -1,7 +1,7 @@
 """forecast_answer.py: the forecast, and how it is read from what the model writes (docs/PAPER.md §3).
 
 forecast_prompt.py says what the model is shown; this file says how its answer becomes a Forecast:
-8 probabilities over the bins of metrics.py, or a parse failure with a reason.
+8 probabilities over the bins of bins.py, or a parse failure with a reason.
 
     Forecast        the probabilities, the bin that is scored (their argmax), the bin the model
                     stated, the model's reasoning, and what the forecast cost
@@ -18,7 +18,7 @@ Parsing rules (documented choices where the paper leaves room):
   - required fields: predicted_bin (integer 1..8), p_severe_slowdown .. p_extreme_speedup (numbers
     in [0, 1], not all zero) and a non-empty reasoning string; otherwise a parse failure.
   - probabilities are renormalised to sum 1; raw_sum keeps the sum the model wrote.
-  - predicted_bin = argmax of the probabilities (metrics.predicted_bin), so the bin that is scored
+  - predicted_bin = argmax of the probabilities (bins.predicted_bin), so the bin that is scored
     and the confidence always come from the same distribution. The model's own predicted_bin is
     kept as stated_bin; Forecast.bin_disagrees records when the two differ.
 """
@@ -28,10 +28,10 @@ import re
 from dataclasses import asdict, dataclass
 
 import harmony
-import metrics
+import bins
 from forecast_prompt import PROB_FIELDS, TOOL_NAME
 
-DIGITS = tuple(str(b) for b in metrics.BINS)  # the bins as the model writes them, one token each
+DIGITS = tuple(str(b) for b in bins.BINS)  # the bins as the model writes them, one token each
 ANSWER_PREFIX = '{"predicted_bin": '
 
 
@@ -57,15 +57,15 @@ class Forecast:
         return self.stated_bin is not None and self.predicted_bin is not None and self.stated_bin != self.predicted_bin
 
     def confidence(self, kind="maxprob"):
-        return None if self.probs is None else metrics.confidence(self.probs, kind)
+        return None if self.probs is None else bins.confidence(self.probs, kind)
 
     @property
     def expected_bin(self):
-        return None if self.probs is None else metrics.expected_bin(self.probs)
+        return None if self.probs is None else bins.expected_bin(self.probs)
 
     @property
     def expected_log2_speedup(self):
-        return None if self.probs is None else metrics.expected_log2_speedup(self.probs)
+        return None if self.probs is None else bins.expected_log2_speedup(self.probs)
 
     def to_dict(self):
         return asdict(self)
@@ -85,7 +85,7 @@ def from_probs(raw, **kw):
     if not total > 0:
         return None
     probs = [p / total for p in raw]
-    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=total, **kw)
+    return Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=total, **kw)
 
 
 def _is_number(x):
@@ -107,8 +107,8 @@ def forecast_from_args(args):
         raw.append(float(v))
     stated = args["predicted_bin"]
     if not _is_number(stated) or not math.isfinite(stated) or stated != int(stated) \
-            or not 1 <= stated <= metrics.N_BINS:
-        return failure(f"predicted_bin must be an integer in 1..{metrics.N_BINS}: {stated!r}"[:200])
+            or not 1 <= stated <= bins.N_BINS:
+        return failure(f"predicted_bin must be an integer in 1..{bins.N_BINS}: {stated!r}"[:200])
     reasoning = args["reasoning"]
     if not isinstance(reasoning, str) or not reasoning.strip():
         return failure("empty reasoning")

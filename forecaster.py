@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import metrics
+import bins
+import selective
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, HARDWARE_PROFILES, build_messages, hardware_info, shared_messages
 from forecaster_backends import Completion, choose_backend

@@ -61,7 +61,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import metrics
+import bins
 from forecast_answer import Forecast
 from forecaster import Forecaster, Gate
 from lm import DEFAULT_MODEL, ModelNotFound

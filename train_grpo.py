@@ -73,8 +73,9 @@ import numpy as np
 import torch
 
 import lm
+import bins
 import metrics
-import metrics_io
+from dataset import load_predictions
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
@@ -140,8 +141,8 @@ def parse_votes(text, k):
     votes = [int(c) for c in text if c in DIGITS]
     if len(votes) != k:
         return failure(f"expected {k} bin votes, got {text!r}", readout="votes")
-    probs = (np.bincount(votes, minlength=metrics.N_BINS + 1)[1:] / k).tolist()
-    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0,
+    probs = (np.bincount(votes, minlength=bins.N_BINS + 1)[1:] / k).tolist()
+    return Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0,
                                readout="votes")
 
 

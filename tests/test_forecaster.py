@@ -90,7 +90,7 @@ def test_tool_schema_matches_bins():
     assert FORECAST_TOOL["function"]["name"] == TOOL_NAME
     assert params["required"] == ["predicted_bin", *PROB_FIELDS, "reasoning"]
     assert PROB_FIELDS[0] == "p_severe_slowdown" and PROB_FIELDS[-1] == "p_extreme_speedup"
-    assert params["properties"]["predicted_bin"]["maximum"] == metrics.N_BINS
+    assert params["properties"]["predicted_bin"]["maximum"] == bins.N_BINS
 
 
 def test_hardware_profiles_and_bad_profile():

@@ -33,14 +33,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_answer import Forecast, failure  # noqa: E402
 from forecaster_backends import TransformersBackend  # noqa: E402
-import metrics  # noqa: E402
-import metrics_io  # noqa: E402
+import bins  # noqa: E402
+from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
 
 
 def fc(probs):
-    return Forecast(probs=probs, predicted_bin=metrics.predicted_bin(probs), raw_sum=1.0)
+    return Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
 
 
 # ---- rewards ---------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_rewards_exact():
     assert train_grpo.reward(fc(p), 5, "correctness") == 0.0
     assert train_grpo.reward(fc(p), 5, "brier") == pytest.approx(1 - 0.43)
     # same scores as metrics.py
-    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - metrics.crps(p, 7))
+    assert train_grpo.reward(fc(p), 7, "crps") == pytest.approx(1 - bins.crps(p, 7))
     failed = failure("no answer")
     for kind in train_grpo.REWARDS:
         assert train_grpo.reward(failed, 4, kind) == 0.0
