@@ -58,7 +58,6 @@ GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpoint
 CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out runs/x --embedded \\
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
-import argparse
 import contextlib
 import json
 import random
@@ -67,20 +66,73 @@ import shutil
 import sys
 import time
 import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import lm
 import bins
+import cli
+import lm
 import metrics
+from cli import flag
 from dataset import load_predictions
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 
 REWARDS = ("correctness", "brier", "crps")
+
+
+@dataclass
+class Args:
+    """GRPO training of the forecaster's LoRA adapter with correctness, Brier or CRPS rewards
+    (docs/PAPER.md §6)."""
+    data: str = flag(None, "training rows (JSON Lines): pack, anchor_code, candidate_code, "
+                     "aggregated_speedup (ours or the paper's RL pool)", required=True)
+    out: str = flag(None, "output folder: log.jsonl, checkpoint-*/, adapter/, predictions", required=True)
+    model: str = flag(lm.DEFAULT_MODEL, "causal LM name or local path")
+    embedded: bool = flag(False, "the embedded SmolLM2-135M-Instruct (CPU; exercises the pipeline, "
+                          "its forecasts mean nothing)")
+    reward: str = flag("brier", "correctness, +Brier or +CRPS", choices=REWARDS)
+    answer_format: str = flag("json", "json: the forecaster's answer and parser; votes: K constrained bin digits",
+                              choices=("json", "votes"))
+    votes: int = flag(4, "K of the votes format")
+    steps: int = flag(20, "optimisation steps")
+    prompts_per_step: int = flag(8, "training rows per step")
+    group_size: int = flag(8, "G, completions per prompt")
+    lr: float = flag(4e-5, "AdamW learning rate")
+    weight_decay: float = flag(0.0, "AdamW weight decay")
+    lora_rank: int = flag(32, "LoRA rank")
+    lora_alpha: float = flag(32, "LoRA alpha")
+    lora_targets: str = flag("q_proj,k_proj,v_proj,o_proj", "LoRA module names, comma-separated "
+                             "(GPT-OSS also gets its MoE expert weights)")
+    no_expert_lora: bool = flag(False, "GPT-OSS: LoRA on attention only (for a server whose LoRA "
+                                "support does not cover MoE expert weights)")
+    temperature: float = flag(1.0, "sampling temperature")
+    max_new_tokens: int = flag(8192, "completion budget")
+    reasoning_effort: str = flag("medium", "GPT-OSS reasoning effort", choices=lm.REASONING_EFFORTS)
+    hardware: str | None = flag(None, "hardware profile in the prompt (forecast_prompt.HARDWARE_PROFILES; "
+                                "default the local GPU, else the paper's A100)")
+    clip_eps: float = flag(0.2, "PPO clip range of the ratio")
+    kl_coef: float = flag(0.0, "weight of the k3 KL to the base model")
+    scale_std: bool = flag(False, "divide advantages by the group std")
+    ppo_epochs: int = flag(1, "optimiser steps per batch of samples")
+    micro_batch_size: int = flag(1, "sequences per forward/backward")
+    gen_batch_size: int = flag(64, "sequences generated at once")
+    max_grad_norm: float = flag(1.0, "gradient clipping norm")
+    no_gradient_checkpointing: bool = flag(False, "faster on a GPU, more memory; lets the training pass "
+                                           "share each prompt's forward too (a checkpointed layer drops caches)")
+    no_prefix_cache: bool = flag(False, "run every sample's prompt forward separately (by default the G samples "
+                                 "of a group share one, in generation and the log-prob passes); for comparison")
+    seed: int = flag(0, "seed of shuffle, split and sampling")
+    holdout_task: str | None = flag(None, "evaluate on this task's rows, train on the others")
+    eval_fraction: float = flag(0.0, "or evaluate on this fraction of the rows")
+    eval_samples: int = flag(3, "forecasts per held-out row")
+    eval_temperature: float = flag(1.0, "0 = greedy, one forecast per row")
+    save_every: int = flag(5, "checkpoint every N steps")
+    resume: bool = flag(False, "continue from the latest checkpoint in --out")
 
 
 # ---- data: training rows (ours or the paper's RL pool), shuffled, split ------------------------
@@ -216,7 +268,7 @@ def save_checkpoint(accelerator, model, optimizer, step, out, args):
         shutil.rmtree(tmp, ignore_errors=True)
         # embeddings are never trained; saying so also spares peft a Hub lookup of the base model
         accelerator.unwrap_model(model).save_pretrained(tmp, save_embedding_layers=False)
-        torch.save({"optimizer": optimizer.state_dict(), "step": step, "args": vars(args)},
+        torch.save({"optimizer": optimizer.state_dict(), "step": step, "args": asdict(args)},
                    tmp / "trainer_state.pt")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -272,18 +324,6 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
 
-def score_samples(forecasts, true_bin, kind):
-    """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
-    rewards = [reward(f, true_bin, kind) for f in forecasts]
-    parsed = [f for f in forecasts if not f.parse_failed]
-    probs = [bins.UNIFORM if f.parse_failed else f.probs for f in forecasts]
-    return rewards, {
-        "n": len(forecasts), "reward": sum(rewards), "parsed": len(parsed),
-        "correct": sum(bins.predicted_bin(f.probs) == true_bin for f in parsed),
-        "brier": sum(bins.brier(p, true_bin) for p in probs),
-        "crps": sum(bins.crps(p, true_bin) for p in probs)}
-
-
 def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
                   share_prompt=True):
     """G completions of each prompt (token ids) from the policy (an lm.LM), prompt-major:
@@ -298,6 +338,62 @@ def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size
     return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s} for p, (c, s) in zip(flat, done)]
 
 
+def group_scores(forecasts, true_bin, kind):
+    """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
+    rewards = [reward(f, true_bin, kind) for f in forecasts]
+    parsed = [f for f in forecasts if not f.parse_failed]
+    probs = [bins.UNIFORM if f.parse_failed else f.probs for f in forecasts]
+    return rewards, {
+        "n": len(forecasts), "reward": sum(rewards), "parsed": len(parsed),
+        "correct": sum(bins.predicted_bin(f.probs) == true_bin for f in parsed),
+        "brier": sum(bins.brier(p, true_bin) for p in probs),
+        "crps": sum(bins.crps(p, true_bin) for p in probs)}
+
+
+# The plumbing of several processes (accelerate/DDP), kept out of the loop's phases.
+
+def my_share(acc, rows):
+    """This process's prompts of a step (each process takes every num_processes-th)."""
+    return rows[acc.process_index::acc.num_processes]
+
+
+def balance_micro_batches(acc, micro_batches, filler):
+    """(completion tokens of the whole step over all processes, micro-batches padded with
+    zero-weight `filler` ones): DDP needs the same number of backward passes on every process."""
+    local = torch.tensor([sum(len(s["completion"]) for mb in micro_batches for s in mb), len(micro_batches)],
+                         device=acc.device)
+    n_tokens = int(acc.reduce(local[:1].clone(), "sum"))
+    n_micro = int(acc.gather(local[1:]).max())
+    return n_tokens, micro_batches + [[dict(filler, adv=0.0, filler=True)]] * (n_micro - len(micro_batches))
+
+
+def sync_context(acc, wrapped, is_last, share):
+    """DDP all-reduces gradients on the step's last backward only. A shared prompt's gradient
+    arrives in parts (samples, then the prompt), which that all-reduce cannot follow: then no
+    backward syncs and average_gradients does it by hand."""
+    return contextlib.nullcontext() if is_last and not share else acc.no_sync(wrapped)
+
+
+def average_gradients(acc, params):
+    if acc.num_processes > 1:
+        for p in params:
+            if p.grad is not None:
+                p.grad = acc.reduce(p.grad, "mean")
+
+
+def step_record(acc, step, totals, kept_groups, groups, n_tokens, loss, clipped, kl, args):
+    """The step's log line: sums over processes, then means."""
+    keys = ["n", "reward", "parsed", "correct", "brier", "crps", "kept", "groups", "loss", "clipped", "kl"]
+    vals = [totals[k] for k in keys[:6]] + [kept_groups, groups, loss, clipped, kl]
+    s = dict(zip(keys, acc.reduce(torch.tensor(vals, dtype=torch.float64, device=acc.device), "sum").tolist()))
+    return {"step": step + 1, "reward": s["reward"] / s["n"], "parse_rate": s["parsed"] / s["n"],
+            "accuracy": s["correct"] / s["parsed"] if s["parsed"] else None,
+            "brier": s["brier"] / s["n"], "crps": s["crps"] / s["n"],
+            "groups_kept": int(s["kept"]), "groups": int(s["groups"]), "tokens": n_tokens,
+            "loss": s["loss"] / acc.num_processes, "clip_frac": s["clipped"] / max(n_tokens, 1),
+            "kl": s["kl"] / max(n_tokens, 1) if args.kl_coef > 0 else None}
+
+
 def peak_memory_bytes(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
@@ -305,7 +401,7 @@ def peak_memory_bytes(device):
 
 
 def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
-    """Run GRPO as configured by `args` (see build_parser); returns {"log": [...], "eval": {...}}.
+    """Run GRPO as configured by `args` (an Args); returns {"log": [...], "eval": {...}}.
 
     prompt_fn (row -> prompt token ids) and parse (text -> Forecast) default to the forecaster's
     prompt and parser; tests inject a synthetic pair. model/tokenizer: a base model in memory
@@ -346,7 +442,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     acc.wait_for_everyone()
     out.mkdir(parents=True, exist_ok=True)
     wrapped, optimizer = acc.prepare(model, optimizer)
-    G, mb, records = args.group_size, args.micro_batch_size, []
+    G, temperature, records = args.group_size, args.temperature, []
+    # one prompt forward serves all of a group's micro-batches (lm.prompt_kv), unless gradient
+    # checkpointing is on (a checkpointed layer drops the cache passed to it)
+    share = not args.no_prefix_cache and not checkpointing(model)
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
                disable=not acc.is_main_process)
     for step in bar:
@@ -354,95 +453,82 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         seed_everything(args.seed, step, acc.process_index)
-        rows = rows_for_step(train_rows, step, args.prompts_per_step, args.seed)
-        rows = rows[acc.process_index::acc.num_processes]
-        # 1. sample G completions per prompt with the current policy; parse; reward
-        samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
-                         max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed,
-                         share_prompt=not args.no_prefix_cache)
+        rows = my_share(acc, rows_for_step(train_rows, step, args.prompts_per_step, args.seed))
+
+        # 1. sample a group of G completions per prompt from the current policy
+        samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
+                                max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed,
+                                share_prompt=not args.no_prefix_cache)
+        # 2. parse each completion into a forecast; 3. reward it against the measured bin
         rewards, totals = [], {}
         for i, row in enumerate(rows):
-            r, stats = score_samples([parse(s["text"]) for s in samples[i * G:(i + 1) * G]],
-                                     row["true_bin"], args.reward)
-            rewards.append(r)
-            totals = {k: totals.get(k, 0) + v for k, v in stats.items()}
-        # 2. advantages; groups with equal rewards carry no signal and are dropped
-        adv, keep = group_advantages(rewards, args.scale_std)
-        kept = [dict(s, adv=float(adv[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
-        # micro-batches never mix prompts: with `share`, each prompt's forward runs once per pass
-        # and serves all of its group's micro-batches (lm.prompt_kv)
-        share = not args.no_prefix_cache and not checkpointing(model)
-        batches = [kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
-        local = torch.tensor([sum(len(s["completion"]) for s in kept), len(batches)],
-                             device=device)
-        n_tokens = int(acc.reduce(local[:1].clone(), "sum"))
-        n_micro = int(acc.gather(local[1:]).max())
-        # DDP needs the same number of backward passes on every process: pad with zero-weight ones
-        batches += [[dict(samples[0], adv=0.0, filler=True)]] * (n_micro - len(batches))
-        # 3. old (and reference) log-probs of the sampled tokens, before any update
-        prepared, kv_of = [], {}
+            forecasts = [parse(s["text"]) for s in samples[i * G:(i + 1) * G]]
+            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward)
+            rewards.append(group_rewards)
+            totals = {k: totals.get(k, 0) + v for k, v in scores.items()}
+        # 4. group advantages; groups whose rewards are all equal carry no signal and are dropped
+        advantages, keep = group_advantages(rewards, args.scale_std)
+        kept = [dict(s, adv=float(advantages[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
+        # micro-batches never mix groups, so that one prompt forward serves each of them
+        mb = args.micro_batch_size
+        micro_batches = [kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
+        n_tokens, micro_batches = balance_micro_batches(acc, micro_batches, filler=samples[0])
+
+        # 5. log-probs of the sampled tokens under the policy that sampled them (and under the
+        #    reference policy, the base model with its adapter off, for the KL term), before any update
+        prepared, prompt_cache = [], {}
         with torch.no_grad():
-            for b in batches:
-                t = collate(b, policy.pad_id, device)
-                if b[0].get("filler"):
-                    t = t[:3] + (torch.zeros_like(t[3]), t[4])
-                key = tuple(b[0]["prompt"])
-                if share and key not in kv_of:
-                    kv_of[key] = (prompt_kv(model, b[0]["prompt"]), None)
+            for batch_samples in micro_batches:
+                batch = collate(batch_samples, policy.pad_id, device)
+                if batch_samples[0].get("filler"):
+                    batch = batch[:3] + (torch.zeros_like(batch[3]), batch[4])
+                prompt = tuple(batch_samples[0]["prompt"])
+                if share and prompt not in prompt_cache:
+                    prompt_cache[prompt] = (prompt_kv(model, list(prompt)), None)
                     if args.kl_coef > 0:
                         with model.disable_adapter():
-                            kv_of[key] = (kv_of[key][0], prompt_kv(model, b[0]["prompt"]))
-                kv, ref_kv = kv_of.get(key, (None, None))
-                old = completion_logprobs(model, t, args.temperature, allowed, prefix=kv)
-                ref = None
+                            prompt_cache[prompt] = (prompt_cache[prompt][0], prompt_kv(model, list(prompt)))
+                kv, ref_kv = prompt_cache.get(prompt, (None, None))
+                old_logp = completion_logprobs(model, batch, temperature, allowed, prefix=kv)
+                ref_logp = None
                 if args.kl_coef > 0:
                     with model.disable_adapter():
-                        ref = completion_logprobs(model, t, args.temperature, allowed, prefix=ref_kv)
-                prepared.append((t, old, ref, torch.tensor([s["adv"] for s in b], device=device), key))
-        del kv_of
-        # 4. --ppo-epochs optimiser steps on these samples, each accumulating every micro-batch
+                        ref_logp = completion_logprobs(model, batch, temperature, allowed, prefix=ref_kv)
+                adv = torch.tensor([s["adv"] for s in batch_samples], device=device)
+                prepared.append((batch, old_logp, ref_logp, adv, prompt))
+        del prompt_cache
+
+        # 6. the token-level clipped loss, backward, optimiser step; --ppo-epochs steps on these samples
         loss_sum, clipped, kl, grad_norm = 0.0, 0.0, 0.0, None
         for _ in range(args.ppo_epochs if n_tokens > 0 else 0):
-            prompt = None  # (prompt KV with its graph, detached leaves) of the current group
-            for j, (t, old, ref, a, key) in enumerate(prepared):
-                # a shared prompt's gradient arrives in parts (samples, then the prompt), which DDP's
-                # all-reduce on the first backward cannot follow: averaged by hand below instead
-                last = j == len(prepared) - 1 and not share
-                with contextlib.nullcontext() if last else acc.no_sync(wrapped):
-                    if share and prompt is None:
-                        kv = prompt_kv(wrapped, list(key))
-                        prompt = (kv, detached(kv))
-                    logp = completion_logprobs(wrapped, t, args.temperature, allowed,
-                                               prefix=prompt[1] if share else None)
-                    loss, st = grpo_loss(logp, old, a, t[3], n_tokens / acc.num_processes,
-                                         args.clip_eps, ref, args.kl_coef)
+            prompt_grad = None  # (the group's prompt KV with its graph, its detached leaves)
+            for j, (batch, old_logp, ref_logp, adv, prompt) in enumerate(prepared):
+                group_ends = j == len(prepared) - 1 or prepared[j + 1][4] != prompt
+                with sync_context(acc, wrapped, j == len(prepared) - 1, share):
+                    if share and prompt_grad is None:
+                        kv = prompt_kv(wrapped, list(prompt))
+                        prompt_grad = (kv, detached(kv))
+                    logp = completion_logprobs(wrapped, batch, temperature, allowed,
+                                               prefix=prompt_grad[1] if share else None)
+                    loss, stats = grpo_loss(logp, old_logp, adv, batch[3], n_tokens / acc.num_processes,
+                                            args.clip_eps, ref_logp, args.kl_coef)
                     acc.backward(loss)
-                    if share and (j == len(prepared) - 1 or prepared[j + 1][4] != key):
-                        backward_prompt(*prompt)  # the group's last micro-batch
-                        prompt = None
+                    if share and group_ends:  # the group's last micro-batch: now through the prompt
+                        backward_prompt(*prompt_grad)
+                        prompt_grad = None
                 loss_sum += loss.detach().item() / args.ppo_epochs
-                clipped += st["clipped"] / args.ppo_epochs
-                kl += st.get("kl", 0.0) / args.ppo_epochs
-            if share and acc.num_processes > 1:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad = acc.reduce(p.grad, "mean")
+                clipped += stats["clipped"] / args.ppo_epochs
+                kl += stats.get("kl", 0.0) / args.ppo_epochs
+            if share:
+                average_gradients(acc, params)
             grad_norm = float(acc.clip_grad_norm_(params, args.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        # 5. log (sums over processes), checkpoint
-        keys = ["n", "reward", "parsed", "correct", "brier", "crps"]
-        vals = [totals[k] for k in keys] + [int(keep.sum()), len(rows), loss_sum, clipped, kl]
-        t = acc.reduce(torch.tensor(vals, dtype=torch.float64, device=device), "sum").tolist()
-        s = dict(zip(keys + ["kept", "groups", "loss", "clipped", "kl"], t))
-        rec = {"step": step + 1, "reward": s["reward"] / s["n"], "parse_rate": s["parsed"] / s["n"],
-               "accuracy": s["correct"] / s["parsed"] if s["parsed"] else None,
-               "brier": s["brier"] / s["n"], "crps": s["crps"] / s["n"],
-               "groups_kept": int(s["kept"]), "groups": int(s["groups"]), "tokens": n_tokens,
-               "loss": s["loss"] / acc.num_processes, "clip_frac": s["clipped"] / max(n_tokens, 1),
-               "kl": s["kl"] / max(n_tokens, 1) if args.kl_coef > 0 else None,
-               "grad_norm": grad_norm, "step_time_s": round(time.perf_counter() - t0, 4),
-               "peak_memory_bytes": peak_memory_bytes(device)}
+
+        # 7. log, checkpoint
+        rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args)
+        rec.update(grad_norm=grad_norm, step_time_s=round(time.perf_counter() - t0, 4),
+                   peak_memory_bytes=peak_memory_bytes(device))
         records.append(rec)
         if acc.is_main_process:
             with open(out / "log.jsonl", "a") as f:
@@ -462,59 +548,6 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
 
 
 # ---- command line --------------------------------------------------------------------------------
-
-def build_parser():
-    ap = argparse.ArgumentParser(description="GRPO training of the forecaster's LoRA adapter with "
-                                 "correctness, Brier or CRPS rewards (docs/PAPER.md §6).")
-    a = ap.add_argument
-    a("--data", required=True, help="training rows (JSON Lines): pack, anchor_code, "
-      "candidate_code, aggregated_speedup (ours or the paper's RL pool)")
-    a("--out", required=True, help="output folder: log.jsonl, checkpoint-*/, adapter/, predictions")
-    a("--model", default=lm.DEFAULT_MODEL, help="causal LM name or local path")
-    a("--embedded", action="store_true", help="the embedded SmolLM2-135M-Instruct (CPU; "
-      "exercises the pipeline, its forecasts mean nothing)")
-    a("--reward", choices=REWARDS, default="brier", help="correctness, +Brier or +CRPS")
-    a("--answer-format", choices=("json", "votes"), default="json", help="json: the forecaster's "
-      "answer and parser (default); votes: K constrained bin digits")
-    a("--votes", type=int, default=4, help="K of the votes format (default 4)")
-    a("--steps", type=int, default=20, help="optimisation steps (default 20)")
-    a("--prompts-per-step", type=int, default=8, help="training rows per step (default 8)")
-    a("--group-size", type=int, default=8, help="G, completions per prompt (default 8)")
-    a("--lr", type=float, default=4e-5, help="AdamW learning rate (default 4e-5)")
-    a("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
-    a("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
-    a("--lora-alpha", type=float, default=32, help="LoRA alpha (default 32)")
-    a("--lora-targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA module names, comma-"
-      "separated (GPT-OSS also gets its MoE expert weights)")
-    a("--no-expert-lora", action="store_true", help="GPT-OSS: LoRA on attention only (for a "
-      "server whose LoRA support does not cover MoE expert weights)")
-    a("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    a("--max-new-tokens", type=int, default=8192, help="completion budget (default 8192)")
-    a("--reasoning-effort", choices=lm.REASONING_EFFORTS, default="medium",
-      help="GPT-OSS reasoning effort (default medium)")
-    a("--hardware", default=None, help="hardware profile in the prompt (forecast_prompt.HARDWARE_"
-      "PROFILES; default the local GPU, else the paper's A100)")
-    a("--clip-eps", type=float, default=0.2, help="PPO clip range of the ratio (default 0.2)")
-    a("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the base model (default 0)")
-    a("--scale-std", action="store_true", help="divide advantages by the group std")
-    a("--ppo-epochs", type=int, default=1, help="optimiser steps per batch of samples (default 1)")
-    a("--micro-batch-size", type=int, default=1, help="sequences per forward/backward (default 1)")
-    a("--gen-batch-size", type=int, default=64, help="sequences generated at once (default 64)")
-    a("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm (default 1.0)")
-    a("--no-gradient-checkpointing", action="store_true", help="faster on a GPU, more memory; "
-      "lets the training pass share each prompt's forward too (a checkpointed layer drops caches)")
-    a("--no-prefix-cache", action="store_true", help="run every sample's prompt forward separately "
-      "(by default the G samples of a group share one, in generation and the log-prob passes); "
-      "for comparison")
-    a("--seed", type=int, default=0, help="seed of shuffle, split and sampling (default 0)")
-    a("--holdout-task", default=None, help="evaluate on this task's rows, train on the others")
-    a("--eval-fraction", type=float, default=0.0, help="or evaluate on this fraction of the rows")
-    a("--eval-samples", type=int, default=3, help="forecasts per held-out row (default 3)")
-    a("--eval-temperature", type=float, default=1.0, help="0 = greedy, one forecast per row")
-    a("--save-every", type=int, default=5, help="checkpoint every N steps (default 5)")
-    a("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    return ap
-
 
 def check_args(args):
     """One line naming the problem and the fix, before anything is written."""
@@ -543,7 +576,7 @@ def check_args(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = cli.parse(Args, argv)
     problem = check_args(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

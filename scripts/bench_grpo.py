@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+import cli  # noqa: E402
 import train_grpo  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def bench_tiny(steps, folder):
     data = synthetic_rows(folder / "rows.jsonl")
     model = tiny_models.tiny_gpt_oss(seed=0)
     tok = tiny_models.tiny_tokenizer()
-    args = train_grpo.build_parser().parse_args(
+    args = cli.parse(train_grpo.Args, 
         ["--data", str(data), "--out", str(folder / "tiny"), "--answer-format", "votes",
          "--steps", str(steps), "--lora-rank", "8", "--micro-batch-size", "64", "--save-every", "1000"])
     result = train_grpo.train(args, prompt_fn=lambda r: tok.encode(f"speedup:{r['candidate_code']}"),
@@ -73,7 +74,7 @@ def bench_gpu(args, folder):
         print("GPU run skipped: pass --gpu-data (training rows, JSON Lines)", file=sys.stderr)
         return None
     fmt = args.gpu_answer_format
-    targs = train_grpo.build_parser().parse_args(
+    targs = cli.parse(train_grpo.Args, 
         ["--data", args.gpu_data, "--out", str(folder / "gpu"), "--model", args.gpu_model,
          "--steps", str(args.steps), "--max-new-tokens", str(args.gpu_max_new_tokens),
          "--answer-format", fmt, "--reasoning-effort", args.gpu_reasoning,

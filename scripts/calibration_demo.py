@@ -49,12 +49,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bins  # noqa: E402
+import cli  # noqa: E402
 import plots  # noqa: E402
 import train_grpo  # noqa: E402
 from dataset import load_predictions  # noqa: E402
-from records import read_jsonl  # noqa: E402
-from forecaster import Forecast  # noqa: E402
-from forecast_answer import DIGITS  # noqa: E402
+from forecast_answer import DIGITS, Forecast  # noqa: E402
 
 REWARDS = train_grpo.REWARDS  # correctness, brier, crps
 SHAPES = {  # offset from the level -> probability of that bin
@@ -162,7 +161,7 @@ def train_args(opts, reward, seed, data, out):
             "--eval-fraction", str(opts.eval_fraction), "--eval-samples", str(opts.eval_samples),
             "--save-every", str(opts.steps),
             "--no-prefix-cache"]  # a 3-token prompt: sharing its forward only adds passes
-    args = train_grpo.build_parser().parse_args(argv)
+    args = cli.parse(train_grpo.Args, argv)
     problem = train_grpo.check_args(args)
     if problem:
         raise ValueError(problem)

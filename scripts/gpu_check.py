@@ -208,6 +208,7 @@ def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
     """Median GRPO step time (after the first) without and with prompt sharing; a fresh model each."""
     import statistics
 
+    import cli
     import train_grpo
     runs = (("no sharing", ["--no-prefix-cache"]), ("shared prompt (checkpointing on)", []),
             ("shared prompt, no checkpointing", ["--no-gradient-checkpointing"]))
@@ -215,7 +216,7 @@ def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
     emit("|---|---|---|---|")
     out = {}
     for name, flags in runs:
-        args = train_grpo.build_parser().parse_args(
+        args = cli.parse(train_grpo.Args, 
             ["--data", str(rows_path), "--out", str(Path(folder) / f"grpo{len(out)}"), "--answer-format", "votes",
              "--steps", str(steps), "--prompts-per-step", "2", "--group-size", "8", "--save-every", "1000",
              "--lora-rank", "8", *extra, *flags])

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_answer import Forecast, failure  # noqa: E402
 from forecaster_backends import TransformersBackend  # noqa: E402
 import bins  # noqa: E402
+import cli  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
@@ -168,7 +169,7 @@ def tiny_policy(lm_head_scale=4.0):
 
 
 def synthetic_args(data, out, *extra):
-    return train_grpo.build_parser().parse_args(
+    return cli.parse(train_grpo.Args, 
         ["--data", str(data), "--out", str(out), "--answer-format", "votes", "--lora-rank", "8",
          "--lora-alpha", "16", "--lr", "1e-2", "--micro-batch-size", "16", *extra])
 
