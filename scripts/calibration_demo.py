@@ -54,6 +54,7 @@ import plots  # noqa: E402
 import train_grpo  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 from forecast_answer import DIGITS, Forecast  # noqa: E402
+from records import read_jsonl  # noqa: E402
 
 REWARDS = train_grpo.REWARDS  # correctness, brier, crps
 SHAPES = {  # offset from the level -> probability of that bin

@@ -17,7 +17,6 @@ import pytest
 import bins
 import dataset
 import selective
-import train_grpo
 from forecast_answer import DIGITS
 from train_grpo import parse_votes
 

@@ -35,6 +35,7 @@ from forecast_answer import Forecast, failure  # noqa: E402
 from forecaster_backends import TransformersBackend  # noqa: E402
 import bins  # noqa: E402
 import cli  # noqa: E402
+import dataset  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
