@@ -7,9 +7,11 @@ reads the files; this module says what a row holds):
   the forecast compares against), candidate_code, aggregated_speedup (measured), relative_bin,
   hardware, pair_type, source_id. A search writes one per successful measurement (training_row);
   train_grpo.py trains on them. The paper's eval-set rows (comparison_id, pack, anchor_code,
-  candidate_code, aggregated_speedup, true_bin, ...) read the same way. load_rows reads both and
-  recomputes every row's true bin from its speedup: bins.py is the one bin definition, and a
-  stated bin that disagrees is overruled with a warning.
+  candidate_code, aggregated_speedup, true_bin, ...) read the same way, and so do its discovery
+  pairs (pair_id, problem_id, benchmark_family, parent_code, child_code, g_speedup, true_bin, ...):
+  the parent is the anchor, the child the candidate, g_speedup the child's speedup over the
+  parent. load_rows reads all three and recomputes every row's true bin from its speedup: bins.py
+  is the one bin definition, and a stated bin that disagrees is overruled with a warning.
 - Prediction row: one forecast of one row: id, task, model, readout, repeat, probs (8 floats, or
   null on a parse failure), parse_failed, parse_error, stated_bin, predicted_bin, raw_sum,
   true_speedup, true_bin, tokens_in, tokens_out, seconds, reasoning. forecaster.py's --eval and
@@ -52,9 +54,19 @@ def training_row(task, run, node_id, anchor_code, code, measurement, pair_type):
             "source_id": f"search:{run}:{node_id}"}
 
 
+DISCOVERY_FIELDS = {"pair_id": "row_id", "problem_id": "pack", "parent_code": "anchor_code",
+                    "child_code": "candidate_code", "g_speedup": "aggregated_speedup"}
+
+
+def discovery_row(pair):
+    """A discovery pair (the paper's schema) as a row: the child forecast against its parent."""
+    return {**pair, **{ours: pair[theirs] for theirs, ours in DISCOVERY_FIELDS.items() if theirs in pair}}
+
+
 def load_rows(path, tasks=None):
-    """Training or eval rows with `true_bin` recomputed from aggregated_speedup and `row_id` set
-    (row_id, else comparison_id, else the line number). tasks: the packs allowed (None: any).
+    """Training, eval or discovery-pair rows with `true_bin` recomputed from aggregated_speedup
+    and `row_id` set (row_id, else comparison_id or pair_id, else the line number). tasks: the
+    packs allowed (None: any).
 
     A stated relative_bin (or true_bin) that disagrees with the speedup is overruled, with one
     warning for the file. Raises RecordError naming the line for anything unusable.
@@ -62,6 +74,12 @@ def load_rows(path, tasks=None):
     rows, disagree = [], 0
     for n, row in read_jsonl(path):
         where = f"{path}:{n}"
+        if "parent_code" in row or "child_code" in row:
+            if tasks is not None and row.get("problem_id") not in tasks:
+                _fail(where, f"discovery pair of problem {row.get('problem_id')!r} (family "
+                             f"{row.get('benchmark_family')!r}), which is not a task here; keep only "
+                             f"the gpu_mode family's pairs of {', '.join(tasks)}")
+            row = discovery_row(row)
         missing = [k for k in REQUIRED_FIELDS if k not in row]
         if missing:
             _fail(where, f"missing field(s) {', '.join(missing)}; a training row needs "
