@@ -57,8 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure_sandbox import (EXCHANGE, WorkerFailed, candidate_worker, drop_reference, reference_worker,
-                             require_sandbox)
+from measure_sandbox import EXCHANGE, WorkerFailed, require_sandbox, workers
 from measure_worker import case_str
 from records import cache_dir, write_atomic
 
@@ -152,13 +151,16 @@ def screen_source(source):
 # The measurement.
 # ---------------------------------------------------------------------------------------------
 
-def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=None,
+def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, memory_gb=None,
             use_cache=True, cache_dir=None, quick=False, unsafe_no_sandbox=False):
     """Measure one candidate source against the task's reference. Never raises for a bad kernel:
     its fate is `Measurement.status`. Raises ValueError for bad usage (unknown task, no GPU, no
     sandbox: measure_sandbox.SandboxUnavailable) and HarnessError when the trusted side fails.
 
-    device: "cuda" or "cpu" (default: cuda when available). scale: "benchmark" (the paper's shapes,
+    device: "cuda" or "cpu" (default: cuda when available). gpu: on a GPU machine, which GPU the
+    workers run on (its index among those this process sees; default: the first). Each thread that
+    calls measure() has its own workers (measure_pool.py measures on several GPUs at once).
+    scale: "benchmark" (the paper's shapes,
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
     unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
     """
@@ -175,6 +177,9 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+        if device == "cuda" and gpu is not None and not 0 <= gpu < torch.cuda.device_count():
+            raise ValueError(f"GPU {gpu} was asked for but this machine shows {torch.cuda.device_count()} "
+                             f"(0..{torch.cuda.device_count() - 1})")
     scale = scale or ("benchmark" if device == "cuda" else "cpu")
     if scale not in ("benchmark", "cpu"):
         raise ValueError(f"scale must be 'benchmark' or 'cpu', got {scale!r}")
@@ -183,7 +188,7 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     timeout_s = timeout_s or (600.0 if scale == "benchmark" else 240.0)
     memory_gb = memory_gb or (32.0 if device == "cuda" else 6.0)
     sha = hashlib.sha256(source.encode()).hexdigest()
-    device_name = _device_name(device)
+    device_name = _device_name(device, gpu)
     sandbox = "none (--unsafe-no-sandbox)" if unsafe_no_sandbox else "bubblewrap"
     base = dict(task=task, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
                 timer="cuda-events" if device == "cuda" else "cpu-time (Triton interpreter; not GPU times)")
@@ -201,7 +206,8 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
             pass  # an unreadable entry is measured again
 
     start = time.perf_counter()
-    run = dict(task=task, source=source, device=device, device_name=device_name, scale=scale, timeout_s=timeout_s,
+    run = dict(task=task, source=source, device=device, gpu=gpu if device == "cuda" else None,
+               device_name=device_name, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
     result = _measure_once(**run)
     if result["status"] == "ok" and result["speedup"] > CONFIRM_SPEEDUP:
@@ -222,18 +228,19 @@ def measure(task, source, *, device=None, scale=None, timeout_s=None, memory_gb=
     return m
 
 
-def _measure_once(task, source, device, device_name, scale, timeout_s, memory_bytes, quick, sandboxed):
+def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memory_bytes, quick, sandboxed):
     """One measurement in a fresh candidate worker; a dict of Measurement fields."""
+    ws = workers(gpu)  # this thread's workers on that GPU
     for attempt in (0, 1):
-        cand = candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
+        cand = ws.candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
         try:
             try:
-                ref, ready = reference_worker(task, device, sandboxed)
+                ref, ready = ws.reference_worker(task, device, sandboxed)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
             return _Session(ref, ready, cand, device, device_name, scale, timeout_s, quick).run(source)
         except HarnessError:
-            drop_reference()  # restart the trusted side once: a transient failure must not stop a search
+            ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:
                 raise
         finally:
@@ -456,12 +463,12 @@ def _describe(spec):
     return "; ".join(parts) or "nothing"
 
 
-def _device_name(device):
+def _device_name(device, gpu=None):
     if device == "cpu":
         import platform
         return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     import torch
-    return torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(gpu or 0)
 
 
 def _median(xs):

@@ -21,8 +21,9 @@ two pipes to the parent, which reads them as JSON lines of bounded size, with a 
 
 The reference worker is trusted code (it never loads a candidate) but runs in an identical
 sandbox all the same, so that whatever the sandbox costs, it costs both sides of a comparison.
-The end of this file keeps a process's workers: one reference worker per task, kept, and a fresh
-candidate worker per measurement, with spares booting in the background.
+The end of this file keeps the workers of each thread that measures (a WorkerSet): one reference
+worker per task, kept, and a fresh candidate worker per measurement, with spares booting in the
+background.
 """
 import atexit
 import ctypes
@@ -37,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -133,8 +135,10 @@ def require_sandbox():
 
 
 def _die_with_parent():
-    """In the child before exec: SIGKILL when the parent dies (the unsandboxed workers). The
-    signal follows the thread that started the child, so start workers from a long-lived thread."""
+    """In the child before exec: SIGKILL when the parent dies (the unsandboxed workers; bwrap's
+    --die-with-parent does it for the others, without code between fork and exec in a process that
+    may run threads). The signal follows the thread that started the child, so start workers
+    from a long-lived thread."""
     _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
@@ -143,7 +147,7 @@ def _die_with_parent():
 # ---------------------------------------------------------------------------------------------
 
 class WorkerProcess:
-    def __init__(self, role, task, device, *, sandboxed, memory_bytes, tmp, readable=()):
+    def __init__(self, role, task, device, *, sandboxed, memory_bytes, tmp, readable=(), visible=None):
         self.memory_bytes = memory_bytes
         argv = [sys.executable, "-B", WORKER, role, task, device]
         if sandboxed:
@@ -153,9 +157,11 @@ class WorkerProcess:
         else:
             os.makedirs(tmp, exist_ok=True)
             env = worker_env(device, tmp)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, cwd=ROOT if not sandboxed else None,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=None if sandboxed else _die_with_parent)
         self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
         for fd in (self.out, self.err):
             os.set_blocking(fd, False)
@@ -314,72 +320,117 @@ class WorkerProcess:
 
 
 # ---------------------------------------------------------------------------------------------
-# The workers of this process: one trusted reference worker per (task, device), kept (it never
-# loads candidate code); a fresh sandbox per candidate, with spares booting in the background.
+# The workers of a measuring thread: one trusted reference worker per task, kept (it never loads
+# candidate code); a fresh sandbox per candidate, with spares booting in the background. Every
+# thread that measures has its own set (measure_pool.py runs one thread per device): two threads
+# talking to one reference worker would mix their replies, and a worker's die-with-parent signal
+# follows the thread that started it, so a worker stays with its thread.
 # ---------------------------------------------------------------------------------------------
 
-_REFERENCE = {}
-_SPARE = {}
-_STARTED = 0
 # Where the parent puts handed-over bytes for the reference worker (read-only in its sandbox).
 EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+_THREAD = threading.local()
+_ALL_SETS, _ALL_LOCK = [], threading.Lock()
 
 
-def reference_worker(task, device, sandboxed):
-    """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It runs
-    sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
-    key = (task, device, sandboxed)
-    if key not in _REFERENCE or not _REFERENCE[key][0].alive():
-        drop_reference()
-        w = WorkerProcess("reference", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
-                          tmp=os.path.join(EXCHANGE, "reference"), readable=[EXCHANGE])
-        try:
-            _REFERENCE[key] = (w, w.recv(time.monotonic() + 600, "ready"))
-        except WorkerFailed as e:
+class WorkerSet:
+    """The workers of one thread on one device. `visible` is the CUDA_VISIBLE_DEVICES its workers
+    get (one GPU, so that it is their cuda:0); None leaves the variable out."""
+
+    def __init__(self, visible):
+        self.visible = visible
+        self.references, self.spares, self.started = {}, {}, 0
+
+    def reference_worker(self, task, device, sandboxed):
+        """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It
+        runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
+        key = (task, device, sandboxed)
+        if key not in self.references or not self.references[key][0].alive():
+            self.drop_reference()
+            w = WorkerProcess("reference", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
+                              tmp=os.path.join(EXCHANGE, f"reference-{secrets.token_hex(4)}"),
+                              readable=[EXCHANGE], visible=self.visible)
+            try:
+                self.references[key] = (w, w.recv(time.monotonic() + 600, "ready"))
+            except WorkerFailed as e:
+                w.kill()
+                raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
+        return self.references[key]
+
+    def drop_reference(self):
+        for w, _ in self.references.values():
             w.kill()
-            raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
-    return _REFERENCE[key]
+        self.references.clear()
+
+    def candidate_worker(self, task, device, sandboxed, memory_bytes):
+        """A fresh candidate worker (a booted spare when there is one). A thread that asks a second
+        time will likely go on measuring: from then on spares boot while each candidate is measured
+        (booting Python, torch and the task takes seconds); two on CPU, one on a GPU machine."""
+        key = (task, device, sandboxed)
+        spares = self.spares.get(key, [])
+        w = spares.pop(0) if spares else None
+        if w is None or not w.alive():
+            w = self._new_candidate(task, device, sandboxed)
+        w.memory_bytes = memory_bytes
+        if self.started:
+            for other in [k for k in self.spares if k != key]:  # spares of one kind at a time
+                for old in self.spares.pop(other):
+                    old.kill()
+            spares = [s for s in self.spares.get(key, []) if s.alive()]
+            while len(spares) < (2 if device == "cpu" else 1):
+                spares.append(self._new_candidate(task, device, sandboxed))
+            self.spares[key] = spares
+        self.started += 1
+        return w
+
+    def _new_candidate(self, task, device, sandboxed):
+        return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
+                             tmp=os.path.join(EXCHANGE, f"candidate-{secrets.token_hex(4)}"), visible=self.visible)
+
+    def close(self):
+        self.drop_reference()
+        for w in [w for ws in self.spares.values() for w in ws]:
+            w.kill()
+        self.spares.clear()
+        with _ALL_LOCK:
+            if self in _ALL_SETS:
+                _ALL_SETS.remove(self)
 
 
-def drop_reference():
-    for w, _ in _REFERENCE.values():
-        w.kill()
-    _REFERENCE.clear()
+def workers(gpu=None):
+    """The calling thread's WorkerSet for a GPU, given by its index among the GPUs this process
+    sees (None: the process's CUDA_VISIBLE_DEVICES as it is now, which a Ray task sets to its
+    GPU). A thread measures on one device at a time: asking for another closes the previous set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpu is not None:
+        ids = visible.split(",") if visible else None
+        if ids is not None and not 0 <= gpu < len(ids):
+            raise ValueError(f"GPU {gpu} is not among the {len(ids)} that CUDA_VISIBLE_DEVICES={visible} shows")
+        visible = ids[gpu] if ids else str(gpu)
+    ws = getattr(_THREAD, "workers", None)
+    if ws is None or ws.visible != visible:
+        if ws is not None:
+            ws.close()
+        ws = _THREAD.workers = WorkerSet(visible)
+        with _ALL_LOCK:
+            _ALL_SETS.append(ws)
+    return ws
 
 
-def candidate_worker(task, device, sandboxed, memory_bytes):
-    """A fresh candidate worker (a booted spare when there is one). A process that asks a second
-    time will likely go on measuring: from then on spares boot while each candidate is measured
-    (booting Python, torch and the task takes seconds); two on CPU, one on a GPU machine."""
-    global _STARTED
-    key = (task, device, sandboxed)
-    spares = _SPARE.get(key, [])
-    w = spares.pop(0) if spares else None
-    if w is None or not w.alive():
-        w = _new_candidate(task, device, sandboxed)
-    w.memory_bytes = memory_bytes
-    if _STARTED:
-        for other in [k for k in _SPARE if k != key]:  # spares of one kind at a time
-            for old in _SPARE.pop(other):
-                old.kill()
-        spares = [s for s in _SPARE.get(key, []) if s.alive()]
-        while len(spares) < (2 if device == "cpu" else 1):
-            spares.append(_new_candidate(task, device, sandboxed))
-        _SPARE[key] = spares
-    _STARTED += 1
-    return w
-
-
-def _new_candidate(task, device, sandboxed):
-    return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
-                         tmp=os.path.join(EXCHANGE, f"candidate-{secrets.token_hex(4)}"))
+def release_workers():
+    """End the calling thread's workers (a pool thread, before it exits)."""
+    ws = getattr(_THREAD, "workers", None)
+    if ws is not None:
+        ws.close()
+        _THREAD.workers = None
 
 
 @atexit.register
 def _shutdown():
-    drop_reference()
-    for w in [w for ws in _SPARE.values() for w in ws]:
-        w.kill()
+    with _ALL_LOCK:
+        sets = list(_ALL_SETS)
+    for ws in sets:
+        ws.close()
     shutil.rmtree(EXCHANGE, ignore_errors=True)
 
 

@@ -1,0 +1,182 @@
+"""Tests of measure_pool.py: several measurements at once, one per device, in this process or on
+a Ray cluster.
+
+Scheduling is tested with a fake measure function (it sleeps and records who ran it when); one
+test measures real candidates on two CPU workers through measure.py's sandbox; the Ray tests share
+one local cluster of 2 CPUs.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+import measure_pool
+import measure_sandbox
+from measure_pool import MeasurePool, pool_devices
+from tasks import seed_source, variant_paths
+
+TASK = "cross_entropy"
+
+
+class FakeMeasurement:
+    def __init__(self, source, **kw):
+        self.source, self.kw = source, kw
+
+    def to_dict(self):
+        return {"status": "ok", "speedup": 1.0, "source": self.source,
+                "device": self.kw.get("device"), "gpu": self.kw.get("gpu")}
+
+
+class SleepyMeasure:
+    """Takes `seconds`; records the thread and the interval of every call."""
+
+    def __init__(self, seconds=0.2):
+        self.seconds, self.calls, self.lock = seconds, [], threading.Lock()
+
+    def __call__(self, task, source, **kw):
+        start = time.monotonic()
+        time.sleep(self.seconds)
+        with self.lock:
+            self.calls.append((threading.get_ident(), source, start, time.monotonic()))
+        return FakeMeasurement(source, **kw)
+
+
+def overlapping(a, b):
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def most_at_once(spans):
+    """The most intervals running at one moment (one of them starts then)."""
+    return max(sum(a <= s < b for a, b in spans) for s, _ in spans)
+
+
+def test_pool_runs_one_measurement_per_worker_and_several_at_once():
+    fake = SleepyMeasure()
+    with MeasurePool(["cuda:0", "cuda:1", "cuda:3"], measure_fn=fake, scale="benchmark") as pool:
+        futures = [pool.submit(TASK, f"kernel {i}") for i in range(9)]
+        results = [f.result(timeout=30) for f in futures]
+    assert sorted(r["measurement"]["source"] for r in results) == sorted(f"kernel {i}" for i in range(9))
+    assert len(fake.calls) == 9  # each once
+    by_worker = {}
+    for r in results:
+        m = r["measurement"]
+        assert r["worker"] == f"cuda:{m['gpu']}" and m["device"] == "cuda"  # pinned to its own GPU
+        by_worker.setdefault(r["worker"], []).append((r["started"], r["ended"]))
+    assert set(by_worker) == {"cuda:0", "cuda:1", "cuda:3"}
+    for intervals in by_worker.values():  # never two at once on one worker
+        assert not any(overlapping(a, b) for i, a in enumerate(intervals) for b in intervals[i + 1:])
+    spans = [(r["started"], r["ended"]) for r in results]
+    assert most_at_once(spans) == 3
+    assert len({t for t, *_ in fake.calls}) == 3  # one thread per worker
+
+
+def test_pool_passes_the_harness_error_to_the_caller_and_goes_on():
+    def flaky(task, source, **kw):
+        if source == "bad":
+            raise RuntimeError("the reference worker died")
+        return FakeMeasurement(source, **kw)
+
+    with MeasurePool(["cpu"], measure_fn=flaky) as pool:
+        bad, good = pool.submit(TASK, "bad"), pool.submit(TASK, "good")
+        with pytest.raises(RuntimeError, match="reference worker died"):
+            bad.result(timeout=10)
+        assert good.result(timeout=10)["worker"] == "cpu:0"
+        assert pool.note == ""  # one CPU worker disturbs nobody
+
+
+def test_pool_devices_from_the_flags(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pool_devices("all", None) == ["cpu"]
+    assert pool_devices("all", 2) == ["cpu", "cpu"]
+    with pytest.raises(ValueError, match="none is visible; on CPU use --workers"):
+        pool_devices("0,1", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert pool_devices("all", None) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert pool_devices("0,3", None) == ["cuda:0", "cuda:3"]
+    assert pool_devices("all", 2) == ["cuda:0", "cuda:1"]
+    for flag, workers, message in [("0,0", None, "names a GPU twice"), ("4", None, "GPU 4 is not among the 4"),
+                                   ("one", None, "'all' or GPU indices"), ("0,1", 3, "at most one worker per GPU"),
+                                   ("all", 0, "at least 1")]:
+        with pytest.raises(ValueError, match=message):
+            pool_devices(flag, workers)
+
+
+def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    sets = {}
+
+    def take(name, gpu):
+        sets[name] = measure_sandbox.workers(gpu)
+        sets[name + " again"] = measure_sandbox.workers(gpu)
+        measure_sandbox.release_workers()
+
+    threads = [threading.Thread(target=take, args=(n, g)) for n, g in (("a", 1), ("b", 2), ("c", None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sets["a"] is sets["a again"] and sets["a"] is not sets["b"]
+    assert (sets["a"].visible, sets["b"].visible, sets["c"].visible) == ("5", "6", "4,5,6")  # physical ids
+    with pytest.raises(ValueError, match="GPU 3 is not among the 3"):
+        measure_sandbox.workers(3)
+
+
+def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
+    sources = [seed_source(TASK)] + [p.read_text() for p in variant_paths(TASK) if p.stem == "chunked"]
+    with MeasurePool(["cpu", "cpu"], use_cache=False, quick=True) as pool:
+        assert "disturb each other" in pool.note
+        results = [f.result(timeout=300) for f in [pool.submit(TASK, s) for s in sources]]
+        mine = getattr(measure_sandbox._THREAD, "workers", None)  # this thread's, from other tests
+        pids = {w.proc.pid for ws in measure_sandbox._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
+    assert [r["measurement"]["status"] for r in results] == ["ok", "ok"]
+    assert {r["worker"] for r in results} == {"cpu:0", "cpu:1"}
+    assert overlapping(*[(r["started"], r["ended"]) for r in results])
+    assert all(r["measurement"]["sandbox"] == "bubblewrap" for r in results)
+    assert len(pids) == 2  # a reference worker each, ended with the pool
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+# ---- Ray -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    pool = measure_pool.RayPool("local", num_cpus=2)
+    yield pool
+    pool.close()
+
+
+def test_ray_pool_measures_a_real_candidate_on_its_node_in_the_sandbox(cluster):
+    assert len(cluster) == 2 and cluster.device == "cpu"
+    pool = measure_pool.RayPool("local", use_cache=False, quick=True)  # on the running cluster
+    r = pool.submit(TASK, seed_source(TASK)).result(timeout=300)
+    assert r["measurement"]["status"] == "ok" and r["measurement"]["sandbox"] == "bubblewrap"
+    assert r["worker"].startswith("ray:") and r["ended"] > r["started"]
+
+
+def die_in_the_middle(task, source, *, attempts_file, **kw):
+    """Measures 'fine' kernels; kills the Ray worker that runs any other (every attempt)."""
+    if source == "fine":
+        return FakeMeasurement(source, **kw)
+    with open(attempts_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_ray_worker_killed_mid_task_is_retried_once_then_labelled_crashed(cluster, tmp_path):
+    import ray
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake travels to the node
+    attempts = tmp_path / "attempts"
+    pool = measure_pool.RayPool("local", measure_fn=die_in_the_middle, attempts_file=str(attempts))
+    doomed, fine = pool.submit(TASK, "doomed"), pool.submit(TASK, "fine")
+    lost, ok = doomed.result(timeout=120), fine.result(timeout=120)
+    assert ok["measurement"] == {"status": "ok", "speedup": 1.0, "source": "fine", "device": None, "gpu": None}
+    assert lost["measurement"]["status"] == "crashed"
+    assert "lost 2 times" in lost["measurement"]["message"]
+    assert len(attempts.read_text().split()) == 2  # the first try and one retry, in two workers
+    after = pool.submit(TASK, "fine").result(timeout=120)  # the cluster goes on
+    assert after["measurement"]["status"] == "ok"
