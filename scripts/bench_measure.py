@@ -8,9 +8,18 @@ machine it ran on heads the table. On CPU the speedups are CPU-time ratios of in
 they exercise the harness, not a GPU.
 
     python scripts/bench_measure.py [--tasks cross_entropy,trimul] [--quick] [--repeat 2] [--json]
+
+With --workers 1,2,... it measures instead how many candidates a minute a pool of that many
+workers gets through (measure_pool.py: one worker per GPU; on CPU, workers that share the cores),
+the same --candidates kernels of the first task each time (its seed and variants, over again as
+needed, never from the cache), and splits a candidate's wall time into the fixed cost (waiting
+for a booted sandbox, importing, the correctness calls that JIT-compile) and the timing itself:
+
+    python scripts/bench_measure.py --tasks cross_entropy --workers 1,2 --candidates 8 --quick
 """
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -20,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import measure  # noqa: E402
+from measure_pool import MeasurePool, pool_devices  # noqa: E402
 from tasks import TASK_NAMES, seed_path, variant_paths  # noqa: E402
 
 
@@ -31,6 +41,9 @@ def main():
     parser.add_argument("--repeat", type=int, default=1, help="measure each kernel this many times (default 1)")
     parser.add_argument("--unsafe-no-sandbox", action="store_true", help="as in measure.py")
     parser.add_argument("--json", action="store_true", help="one JSON object per measurement instead of a table")
+    parser.add_argument("--workers", help="comma-separated pool sizes, e.g. 1,2 (CPU) or 1,2,4,8 (a GPU node): "
+                        "candidates per minute against the number of workers, instead of the per-kernel table")
+    parser.add_argument("--candidates", type=int, default=8, help="candidates measured per pool size with --workers")
     args = parser.parse_args()
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in TASK_NAMES]
@@ -39,7 +52,9 @@ def main():
               else "error: --repeat must be at least 1", file=sys.stderr)
         return 2
     print(f"# measure.py on {platform.node()} ({platform.processor() or platform.machine()}, "
-          f"{__import__('os').cpu_count()} cores), {time.strftime('%Y-%m-%d')}")
+          f"{os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}")
+    if args.workers:
+        return scaling(tasks[0], args)
     if not args.json:
         print(f"{'task':<18} {'kernel':<18} {'status':<10} {'speedup':>8} {'wall s':>7} {'import':>7} "
               f"{'check':>7} {'time':>7}  flags")
@@ -61,6 +76,52 @@ def main():
                 cost = " ".join(f"{v:>7.2f}" if v is not None else f"{'-':>7}" for v in (m.import_s, m.check_s, m.time_s))
                 print(f"{task:<18} {path.stem:<18} {m.status:<10} {speed:>8} {wall:>7.2f} {cost}  "
                       f"{len(m.flags)}" + ("" if m.status == "ok" else f"  {m.message[:60]}"), flush=True)
+    return 0
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def scaling(task, args):
+    """Candidates per minute against the number of pool workers (see the module docstring)."""
+    try:
+        sizes = [int(n) for n in args.workers.split(",")]
+        pools = {n: pool_devices("all", n) for n in sizes}
+    except ValueError as e:
+        print(f"error: --workers {args.workers}: {e}", file=sys.stderr)
+        return 2
+    kernels = [p.read_text() for p in [seed_path(task), *variant_paths(task)]]
+    sources = [kernels[i % len(kernels)] for i in range(args.candidates)]
+    device = "GPU" if pools[sizes[0]][0].startswith("cuda") else "CPU (workers share the cores)"
+    print(f"# {task}: {len(sources)} candidates per pool size, {device}; seconds per candidate, mean")
+    print(f"{'workers':>7} {'wall s':>7} {'cand/min':>9} {'x one':>6} {'fixed s':>8} {'(boot':>6} {'import':>7} "
+          f"{'check)':>7} {'timing s':>9}  statuses")
+    one = None
+    for n in sizes:
+        t0 = time.perf_counter()
+        with MeasurePool(pools[n], use_cache=False, quick=args.quick,
+                         unsafe_no_sandbox=args.unsafe_no_sandbox) as pool:
+            try:
+                results = [f.result() for f in [pool.submit(task, s) for s in sources]]
+            except (ValueError, measure.HarnessError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        wall = time.perf_counter() - t0
+        ms = [r["measurement"] for r in results]
+        rate = 60 * len(ms) / wall
+        one = one or rate
+        if args.json:
+            print(json.dumps({"task": task, "workers": n, "wall_s": wall, "per_minute": rate, "measurements": ms}))
+            continue
+        timed = [m for m in ms if m["time_s"] is not None]
+        timing = mean([m["time_s"] for m in timed])
+        fixed = mean([r["seconds"] - r["measurement"]["time_s"] for r in results if r["measurement"]["time_s"] is not None])
+        parts = [mean([m[k] for m in timed]) for k in ("import_s", "check_s")]
+        boot = fixed - sum(parts)
+        statuses = ",".join(sorted({m["status"] for m in ms}))
+        print(f"{n:>7} {wall:>7.1f} {rate:>9.2f} {rate / one:>6.2f} {fixed:>8.2f} {boot:>6.2f} {parts[0]:>7.2f} "
+              f"{parts[1]:>7.2f} {timing:>9.2f}  {statuses}", flush=True)
     return 0
 
 

@@ -127,7 +127,7 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
 
 
 def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
-    sources = [seed_source(TASK)] + [p.read_text() for p in variant_paths(TASK) if p.stem == "chunked"]
+    sources = [seed_source(TASK)] + [p.read_text() for p in variant_paths(TASK) if p.stem == "torch_inplace"]
     with MeasurePool(["cpu", "cpu"], use_cache=False, quick=True) as pool:
         assert "disturb each other" in pool.note
         results = [f.result(timeout=300) for f in [pool.submit(TASK, s) for s in sources]]
