@@ -3,23 +3,32 @@
 The cleanrl manner: a run's settings are one object, with a default and a line of help per
 field, that the run passes around, saves with its checkpoints and compares on --resume; argparse
 only reads it from the command line. `lora_rank: int = flag(32, "LoRA rank")` is `--lora-rank N`;
-a bool field is a switch, off by default; `choices` and `required` are argparse's. --help shows
-every flag's default.
+a bool field is a switch, off by default; `choices` and `required` are argparse's; other keywords
+are kept in the field's metadata for the command's own use. --help shows every flag's default,
+and a bad flag is one line of error, not a usage dump.
 """
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 
 
-def flag(default, help, *, choices=None, required=False):
+def flag(default, help, *, choices=None, required=False, **meta):
     """A field of a settings dataclass: its default and the help line of its flag."""
-    return dataclasses.field(default=default, metadata=dict(help=help, choices=choices, required=required))
+    return dataclasses.field(default=default, metadata=dict(help=help, choices=choices, required=required,
+                                                            **meta))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def parser(settings):
     """The argparse parser of a settings dataclass (its docstring is the description)."""
-    p = argparse.ArgumentParser(description=settings.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(description=settings.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(settings)
     for f in dataclasses.fields(settings):
         name, meta, kind = "--" + f.name.replace("_", "-"), f.metadata, hints[f.name]

@@ -14,8 +14,9 @@ this module is their one home:
    object per line and are only appended to. A crash can tear the last line; read_jsonl drops
    it on request and cuts it off, so the next append starts on a clean line. A corrupt line
    anywhere else means the file was damaged, and we refuse rather than guess.
-4. The event log of a search: every expensive request and its result, one event per line,
-   flushed and fsynced before the search goes on (search.py replays a rerun from it).
+4. The event log of a run: every expensive request and its result, one event per line,
+   flushed and fsynced before the run goes on. A rerun replays the run and answers each request
+   that has a logged result from the log (search.py is such a run).
 
 It imports nothing from the project and nothing outside the standard library, so every module,
 the trusted measurement harness included, can use it. The rows these files hold (training rows,
@@ -98,9 +99,12 @@ def read_jsonl(path, *, cut_torn_tail=False, fix="fix or delete this line"):
 # ---- the event log of a search --------------------------------------------------------------------
 
 class EventLog:
-    """Append-only JSON Lines log: one event (kind, step, request_id, parent_id, payload, time) per
-    line, flushed and fsynced before we go on. Opening it reads the events already there, dropping
-    a torn last line; a corrupt line anywhere else is refused (RecordError)."""
+    """Append-only JSON Lines log of a run: one event (kind, step, request_id, parent_id, payload,
+    time) per line, flushed and fsynced before the run goes on. Opening it reads the events already
+    there, dropping a torn last line; a corrupt line anywhere else is refused (RecordError).
+
+    A rerun replays the run from its start, and call() answers every request a previous run got a
+    result for from the log: only the work the crash interrupted is done again."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -108,6 +112,8 @@ class EventLog:
         if self.path.exists():
             fix = "delete the file or pass a new --out to start afresh"
             self.events = [e for _, e in read_jsonl(self.path, cut_torn_tail=True, fix=fix)]
+        self.results = {(e["kind"], e["request_id"]): e["payload"] for e in self.events
+                        if e["kind"] != "request"}  # what a replay answers from
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")
 
@@ -118,7 +124,25 @@ class EventLog:
         self._file.flush()
         os.fsync(self._file.fileno())
         self.events.append(event)
+        if kind != "request":
+            self.results[(kind, request_id)] = payload
         return event
+
+    def call(self, kind, request_id, step, parent_id, fn):
+        """The result of an expensive request: from the log when a run got it before, else fn()'s,
+        with the request logged before fn runs and its result after."""
+        if (kind, request_id) in self.results:
+            return self.results[(kind, request_id)]
+        self.append("request", step, request_id, parent_id, {"what": kind})
+        payload = json.loads(json.dumps(fn(), default=str))  # live and replayed runs see the same types
+        self.append(kind, step, request_id, parent_id, payload)
+        return payload
+
+    def note(self, kind, request_id, step, parent_id, payload):
+        """A derived event (what the run decided from its results): written once; a replay that
+        derives the same again writes nothing."""
+        if self.results.get((kind, request_id)) != json.loads(json.dumps(payload, default=str)):
+            self.append(kind, step, request_id, parent_id, payload)
 
     def close(self):
         self._file.close()

@@ -2,34 +2,38 @@
 
     python search.py --task cross_entropy
 
-One step of the search:
-  1. PUCT picks parents from the archive of measured kernels (puct.py; the seed is the root).
-  2. A mutator proposes children of each parent: an LLM given the parent's code and its measured
-     feedback (LLMMutator), or, with no LLM at hand, the task's hand-written variants and edits of
-     their `# tune:` constants (CatalogMutator).
-  3. The gate decides which children deserve a real measurement (--gate):
+The seed kernel (the task's PyTorch reference) is measured first and becomes the archive's root.
+Then every step of the search runs these phases, in this order (Search.run):
+  1. Select. PUCT picks parents from the archive of measured kernels (puct.py).
+  2. Mutate. A mutator proposes children of each parent: an LLM given the parent's code and its
+     measured feedback (LLMMutator), or, with no LLM at hand, the task's hand-written variants and
+     edits of their `# tune:` constants (CatalogMutator). Code proposed before is dropped.
+  3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference.
+  4. Gate. The gate decides which children deserve a real measurement (--gate):
        none        measure every mutation (the paper's standard search).
        topk        forecast every mutation, measure the k best by expected bin (the paper's
                    surrogate-filtered search: 16 forecast, 4 measured per parent).
        confidence  the selective gate (forecaster.Gate): measure a child when the forecaster
                    is unsure (the gate defers) or when it confidently predicts a gain over the
                    parent; skip it when it confidently predicts no gain.
-  4. measure.py measures the chosen children; the reward is the geomean speedup over the task's
-     reference. Successful children enter the archive; failures count as visits only.
-  5. Every measurement becomes a training row for the forecaster (training_rows.jsonl), which is
-     how the loop closes: the search's measurements train the forecaster that gates the next one.
+  5. Measure. measure.py measures the chosen children; the reward is the geomean speedup over the
+     reference. Each success is a training row for the forecaster (training_rows.jsonl) and a
+     label for the confidence gate: the search's measurements train the forecaster that gates
+     the next search.
+  6. Update. The successful children enter the archive (failures count as visits only), the step
+     is logged and the run's outputs are rewritten.
 
-Defaults that run anywhere: with no GPU and no model weights the plain command uses the offline
-catalog mutator, the embedded SmolLM2 forecaster (logits read-out; its forecasts carry no
-information), CPU-scale measurement and a budget of 8 measurements, and says so at start-up. On a
-GPU machine with GPT-OSS-20B downloaded (or with --server) it runs the paper's search: an LLM
-mutator, benchmark-scale measurement, 40 steps x 2 parents, 320 measurements.
+Defaults that run anywhere (search_setup.py picks them and says so at start-up): with no GPU and
+no model weights the plain command uses the offline catalog mutator, the embedded SmolLM2
+forecaster (logits read-out; its forecasts carry no information), CPU-scale measurement and a
+budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
+the paper's search: an LLM mutator, benchmark-scale measurement, 40 steps x 2 parents, 320
+measurements.
 
 Outputs in --out: events.jsonl, archive.json, best_kernel.py, summary.json, training_rows.jsonl
 (the paper's RL-pool schema, dataset.py) and best_speedup.png (plots.py), each rewritten
 atomically after every step (records.py). --compare runs the gated and the ungated search
-with the same budget (the paper's Figure 4). The archive and PUCT arithmetic live in puct.py,
-the mutators in mutators.py.
+with the same budget (the paper's Figure 4).
 
 Decisions this file documents:
   - Budget: --budget counts measurements of *candidates*. The seed is measured once before the
@@ -50,36 +54,115 @@ Decisions this file documents:
     extend a finished search. Models load on their first use, so resuming a finished run loads none.
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
-  - Code already proposed in this search (exact text) is dropped before it is forecast or
-    measured; in topk ranking, parse failures come after every parsed forecast.
+  - In topk ranking, parse failures come after every parsed forecast.
+The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
-import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import bins
-from forecast_answer import Forecast
-from forecaster import Forecaster, Gate
-from lm import DEFAULT_MODEL, ModelNotFound
-from mutators import CatalogMutator, LLMMutator
-from puct import Archive
+import cli
+from cli import flag
 from dataset import training_row
+from forecast_answer import Forecast
+from forecaster import Gate
+from lm import DEFAULT_MODEL
+from puct import Archive
 from records import EventLog, RecordError, write_atomic
+from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
+from tasks import TASK_NAMES
 
 GATES = ("none", "topk", "confidence")
 RANK_KEYS = ("expected_bin", "expected_log_speedup")
-CPU_BUDGET, PAPER_BUDGET = 8, 320
-CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
-
-
 
 
 class SearchError(Exception):
     """A problem the user can fix; main() prints it as one line."""
+
+
+# ---- the options: this dataclass is the command line ---------------------------------------------
+
+# logged: part of the search's identity, recorded in its event log; a rerun of the same --out with
+# another value is refused (steps and budget may grow: a rerun can extend a search).
+@dataclass
+class Args:
+    """PUCT kernel search with an LLM mutator and a forecaster gate (the paper's Figure 4 with
+    --compare)."""
+    task: str = flag(None, "the kernel task to optimise", choices=TASK_NAMES, required=True, logged=True)
+    gate: str = flag("topk", "none: measure every mutation; topk: forecast all, measure the best "
+                       "--measure-per-parent; confidence: the selective gate (measure when unsure or when "
+                       "a gain over the parent is predicted)", choices=GATES, logged=True)
+    seed: int = flag(0, "seed of the mutators and of the run's name", logged=True)
+    budget: int | None = flag(None, "candidate measurements (the seed's is not counted); default "
+                                f"{PAPER_BUDGET} with an LLM mutator at benchmark scale, else {CPU_BUDGET}")
+    steps: int = flag(40, "most search steps")
+    parents: int = flag(2, "parents expanded per step (lineage-blocked)", logged=True)
+    mutations: int | None = flag(None, "mutations per parent; default 4 with --gate none, 16 with a gate "
+                                   f"({CPU_GATED_MUTATIONS} with the embedded CPU forecaster)", logged=True)
+    measure_per_parent: int = flag(4, "most candidates measured per parent with a gate", logged=True)
+    rank_by: str = flag("expected_bin", "forecast key that ranks candidates (expected bin index or "
+                          "log2-speedup)", choices=RANK_KEYS, logged=True)
+    score: str = flag("maxprob", "confidence score of the confidence gate", choices=bins.CONFIDENCE_KINDS,
+                        logged=True)
+    threshold: float | None = flag(None, "fixed confidence threshold of the confidence gate; default: learnt "
+                                     "from the measurements so far with selective.guaranteed_risk_threshold",
+                                     logged=True)
+    target_risk: float = flag(0.3, "bin-mismatch rate the learnt threshold must guarantee", logged=True)
+    delta: float = flag(0.1, "failure probability of that guarantee", logged=True)
+    min_labels: int = flag(8, "measured forecasts needed before a threshold is learnt (defer all until then)",
+                             logged=True)
+    c: float = flag(1.0, "PUCT exploration constant (the paper's 1.0)", logged=True)
+    keep_children: int = flag(2, "best children per expansion kept in the archive", logged=True)
+    capacity: int = flag(1000, "most kernels kept in the archive", logged=True)
+    mutator: str = flag("auto", "auto: the LLM when one is available (--server, --model, or GPT-OSS-20B "
+                          "weights on a GPU machine), else the offline catalog of variants and tune edits",
+                          choices=("auto", "llm", "catalog"), logged=True)
+    model: str | None = flag(None, "local transformers model (name or folder) for the mutator and the "
+                               f"forecaster; default {DEFAULT_MODEL} on a GPU when its weights are cached")
+    forecaster_model: str | None = flag(None, "a different local model for the forecaster")
+    adapter: str | None = flag(None, "LoRA adapter folder for the forecaster model (from train_grpo.py)")
+    server: str | None = flag(None, "OpenAI-compatible server URL (vLLM/SGLang), used for both the mutator "
+                                "and the forecaster, e.g. http://localhost:8000/v1")
+    server_model: str = flag(DEFAULT_MODEL, "model name on --server")
+    readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
+                                 "verbalized", choices=("verbalized", "logits"))
+    scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
+                               choices=("benchmark", "cpu"), logged=True)
+    timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
+    unsafe_no_sandbox: bool = flag(False, "measure candidates without measure.py's bubblewrap sandbox (for "
+                                     "machines without user namespaces): LLM-written code then runs as you "
+                                     "and can forge later measurements")
+    out: str | None = flag(None, "output folder; default runs/<task>-<gate>-<seed> (runs/<task>-compare-"
+                             "<seed> with --compare); rerun with the same --out to resume")
+    compare: bool = flag(False, "run the gated and the ungated search with the same budget and seed into "
+                           "OUT/gated and OUT/ungated and compare them")
+    no_progress: bool = flag(False, "no progress bar")
+
+
+def build_parser():
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
+
+
+def parse_args(argv=None):
+    """Args from the command line, checked (a SearchError names the flag to fix)."""
+    args = cli.parse(Args, argv)
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SearchError(f"--out {args.out} is an existing file; pass a folder (a new one, or a run's to resume it)")
+    for name in ("budget", "steps", "parents", "mutations", "measure_per_parent", "keep_children"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise SearchError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise SearchError(f"--threshold must be in [0, 1], got {args.threshold}")
+    for name in ("target_risk", "delta"):
+        if not 0 < getattr(args, name) < 1:
+            raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
+    return args
 
 
 # ---- the gate ---------------------------------------------------------------------------------
@@ -107,70 +190,204 @@ def predicts_gain(f, parent_reward):
 # ---- the search -------------------------------------------------------------------------------
 
 @dataclass
-class Config:
-    task: str
-    gate: str = "none"
-    seed: int = 0
-    steps: int = 40
-    budget: int = CPU_BUDGET
-    parents: int = 2
-    mutations: int = 4
-    measure_per_parent: int = 4
-    rank_by: str = "expected_bin"
-    score: str = "maxprob"
-    threshold: float | None = None
-    target_risk: float = 0.3
-    delta: float = 0.1
-    min_labels: int = 8
-    c: float = 1.0
-    keep_children: int = 2
-    capacity: int = 1000
-    mutator: str = "catalog"
-    forecaster: str = ""
-    scale: str = "cpu"
-
-    # steps and budget may change between runs of the same --out: a rerun can extend a search.
-    def identity(self):
-        return {k: v for k, v in asdict(self).items() if k not in ("steps", "budget")}
+class Tally:
+    """What the search has done so far; summary.json reports it."""
+    steps: int = 0
+    measurements: int = 0
+    forecasts: int = 0
+    considered: int = 0
+    proposed: int = 0
+    failed_mutations: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    failed_measurements: int = 0
+    skipped_by_reason: dict = field(default_factory=dict)
+    mutation_s: float = 0.0
+    forecast_s: float = 0.0
+    measurement_s: float = 0.0
 
 
 class Search:
-    """One PUCT search writing into out_dir. All collaborators are injected so tests can script them:
-    mutator.propose(parent, n, seen, key), measure_fn(task, source, **measure_kwargs) -> object
-    with to_dict(), forecaster.forecast_many(task, anchor_code, codes) -> objects with probs,
-    parse_failed and to_dict()."""
+    """One PUCT search writing into out_dir. args: the options with setup()'s choices filled in
+    (budget, mutations and scale numbers and names; mutator the mutator's name). All collaborators
+    are injected so tests can script them: mutator.propose(parent, n, seen, key),
+    measure_fn(task, source, **measure_kwargs) -> object with to_dict(),
+    forecaster.forecast_many(task, anchor_code, codes) -> objects with probs, parse_failed and
+    to_dict(). forecaster_name is recorded in the event log (one log holds one search)."""
 
-    def __init__(self, cfg, out_dir, *, seed_code, description="", mutator, measure_fn,
-                 forecaster=None, measure_kwargs=None, progress=True, say=print):
-        self.cfg, self.out = cfg, Path(out_dir)
-        self.seed_code, self.description = seed_code, description
-        self.mutator, self.measure_fn, self.forecaster = mutator, measure_fn, forecaster
+    def __init__(self, args, out_dir, *, seed_code, mutator, measure_fn, forecaster=None,
+                 forecaster_name="", measure_kwargs=None, progress=True, say=print):
+        self.args, self.out = args, Path(out_dir)
+        self.seed_code, self.mutator, self.measure_fn = seed_code, mutator, measure_fn
+        self.forecaster, self.forecaster_name = forecaster, forecaster_name
         self.measure_kwargs, self.progress, self.say = dict(measure_kwargs or {}), progress, say
-        if cfg.gate != "none" and forecaster is None:
-            raise SearchError(f"--gate {cfg.gate} needs a forecaster")
+        if args.gate != "none" and forecaster is None:
+            raise SearchError(f"--gate {args.gate} needs a forecaster")
+        if args.budget is None or args.mutations is None or args.scale is None:
+            raise ValueError("Search needs args with budget, mutations and scale set (run_one fills them in)")
 
-    # Every expensive call goes through _call: answered from the log if its result is there,
-    # otherwise logged as a request, issued, and its result logged.
-    def _call(self, kind, rid, step, parent_id, fn):
-        if (kind, rid) in self.logged:
-            return self.logged[(kind, rid)]
-        self.log.append("request", step, rid, parent_id, {"what": kind})
-        payload = json.loads(json.dumps(fn(), default=str))  # live and replayed runs see the same types
-        self.log.append(kind, step, rid, parent_id, payload)
-        self.logged[(kind, rid)] = payload
-        return payload
+    def run(self):
+        """Measure the seed, then run steps of select -> mutate -> forecast -> gate -> measure ->
+        update until the budget or the steps are spent. Returns the summary."""
+        a, t_start = self.args, time.time()
+        self._open_log()
+        self.archive = Archive(c=a.c, capacity=a.capacity, keep_children=a.keep_children)
+        self.tally, self.labels, self.rows, self.curve = Tally(), [], [], []
+        self._measure_seed()
+        self.bar = _progress(a.budget, self.progress)
+        for step in range(a.steps):
+            if self.tally.measurements >= a.budget:
+                break
+            parents = self.archive.select(a.parents)                        # 1. select
+            children = {}
+            for k, pid in enumerate(parents):
+                if self.tally.measurements >= a.budget:
+                    break  # nothing left to measure: do not mutate or forecast for nothing
+                parent, tag = self.archive.nodes[pid], f"s{step}p{k}"
+                cands = self.mutate(parent, step, k, tag)                   # 2. mutate
+                forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
+                chosen = self.gate(parent, cands, forecasts, step, tag)     # 4. gate
+                children[pid] = self.measure(chosen, cands, forecasts, step, parent)  # 5. measure
+            self.update(step, parents, children, t_start)                    # 6. update
+        self.bar.close()
+        self._write_outputs(t_start, plot=True)
+        self.log.close()
+        return self.summary(t_start)
 
-    def _note(self, kind, rid, step, parent_id, payload):
-        """Derived events (selection, step): written once; a replay re-derives them silently."""
-        if self.logged.get((kind, rid)) != json.loads(json.dumps(payload, default=str)):
-            self.log.append(kind, step, rid, parent_id, payload)
-            self.logged[(kind, rid)] = payload
+    def _measure_seed(self):
+        """The seed is the archive's root: the anchor of every forecast, not counted in the budget."""
+        res = self.log.call("measurement", "seed", -1, None, lambda: self._measure(self.seed_code))
+        self.tally.measurement_s += res["seconds"]
+        m = res["measurement"]
+        if m["status"] != "ok" or not m.get("speedup"):
+            raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
+                              f"check tasks/kernels/{self.args.task}/seed.py with measure.py")
+        self.archive.add_seed("seed", self.seed_code, m["speedup"], info={"result": _brief(m)})
+        self._row("seed", self.seed_code, m, "seed")
+        self.seen = {self.seed_code.strip()}
+        self.best = m["speedup"]
+        self.curve.append((0, self.best))
+
+    def mutate(self, parent, step, k, tag):
+        """2. [(candidate id, code)] of the parent's new children; failed and repeated code dropped."""
+        n, t = self.args.mutations, self.tally
+        muts = self.log.call("mutation", f"{tag}/mutate", step, parent.id,
+                             lambda: self._mutate(parent, n, self.seen, step, k))
+        t.mutation_s += muts["seconds"]
+        cands = []
+        for i, c in enumerate(muts["candidates"]):
+            t.proposed += 1
+            if c["code"] is None:
+                t.failed_mutations += 1
+            elif c["code"].strip() in self.seen:
+                t.duplicates += 1
+            else:
+                self.seen.add(c["code"].strip())
+                cands.append((f"{tag}c{i}", c["code"]))
+        t.considered += len(cands)
+        return cands
+
+    def forecast(self, cands, step, parent, tag):
+        """3. A Forecast per candidate (none without a gate)."""
+        if self.args.gate == "none" or not cands:
+            return []
+        fc = self.log.call("forecast", f"{tag}/forecast", step, parent.id,
+                           lambda: self._forecast([code for _, code in cands]))
+        self.tally.forecasts += len(fc["forecasts"])
+        self.tally.forecast_s += fc["seconds"]
+        return [as_forecast(v) for v in fc["forecasts"]]
+
+    def gate(self, parent, cands, forecasts, step, tag):
+        """4. Indices of the candidates to measure, in order; the rest are skipped with a reason."""
+        a = self.args
+        if a.gate == "none":
+            chosen, skipped, tau = list(range(len(cands))), {}, None
+        else:
+            order = sorted(range(len(cands)), key=lambda j: -rank_key(forecasts[j], a.rank_by))
+            if a.gate == "topk":
+                chosen, tau = order[: a.measure_per_parent], None
+                skipped = {j: "below top-k" for j in order[len(chosen):]}
+            else:
+                gate, wanted, skipped = self._confidence_gate(), [], {}
+                for j in order:
+                    if gate is None or gate.decide(forecasts[j]) == "defer":
+                        wanted.append(j)
+                    elif predicts_gain(forecasts[j], parent.reward):
+                        wanted.append(j)
+                    else:
+                        skipped[j] = "confident: no gain over parent"
+                for j in wanted[a.measure_per_parent:]:
+                    skipped[j] = "over the per-parent cap"
+                chosen = wanted[: a.measure_per_parent]
+                tau = None if gate is None or math.isinf(gate.threshold) else gate.threshold
+        room = max(0, a.budget - self.tally.measurements)
+        for j in chosen[room:]:
+            skipped[j] = "budget spent"
+        chosen = chosen[:room]
+        for reason in skipped.values():
+            self.tally.skipped_by_reason[reason] = self.tally.skipped_by_reason.get(reason, 0) + 1
+        self.tally.skipped += len(skipped)
+        self.log.note("selection", f"{tag}/select", step, parent.id, {
+            "measure": [cands[j][0] for j in chosen], "threshold": tau,
+            "skip": {cands[j][0]: why for j, why in sorted(skipped.items())}})
+        return chosen
+
+    def _confidence_gate(self):
+        """The confidence gate of this step: --threshold, or learnt from the labels so far by
+        forecaster.Gate.from_labelled (threshold inf when none meets the target risk); None (defer
+        everything) until --min-labels labels exist."""
+        a = self.args
+        if a.threshold is not None:
+            return Gate(a.score, a.threshold)
+        if len(self.labels) < a.min_labels:
+            return None
+        forecasts, true_bins = zip(*self.labels)
+        return Gate.from_labelled(forecasts, true_bins, a.target_risk, a.delta, score=a.score)
+
+    def measure(self, chosen, cands, forecasts, step, parent):
+        """5. Measure the chosen candidates; returns the successful ones as archive children."""
+        kids, t = [], self.tally
+        for j in chosen:
+            cid, code = cands[j]
+            res = self.log.call("measurement", cid, step, parent.id, lambda: self._measure(code))
+            t.measurements += 1
+            t.measurement_s += res["seconds"]
+            self.bar.update(1)
+            m = res["measurement"]
+            ok = m["status"] == "ok" and bool(m.get("speedup"))
+            if forecasts and ok and not forecasts[j].parse_failed:  # a label for the gate
+                self.labels.append((forecasts[j], bins.speedup_to_bin(m["speedup"])))
+            if ok:
+                kids.append((cid, code, m["speedup"], {"result": _brief(m)}))
+                self._row(cid, code, m, "parent_edit")
+                self.best = max(self.best, m["speedup"])
+            else:
+                t.failed_measurements += 1
+                parent.info["last_failure"] = _brief(m)
+            self.curve.append((t.measurements, self.best))
+        return kids
+
+    def update(self, step, parents, children, t_start):
+        """6. The children enter the archive (PUCT's visit counts grow), the step is logged and the
+        outputs are rewritten."""
+        kept = {pid: self.archive.expand(pid, kids, step=step) for pid, kids in children.items()}
+        self.tally.steps += 1
+        self.log.note("step", f"step{step}", step, None, {
+            "parents": parents, "kept": kept, "best_speedup": self.best,
+            "measurements": self.tally.measurements, "archive_size": len(self.archive.nodes)})
+        self._write_outputs(t_start)
+
+    def _row(self, node_id, code, m, pair_type):
+        run = f"{self.args.task}-{self.args.gate}-{self.args.seed}"
+        self.rows.append(training_row(self.args.task, run, node_id, self.seed_code, code, m, pair_type))
+
+    # ==== plumbing: the event log and its replay, the expensive calls, the outputs ================
 
     def _open_log(self):
-        """Open the event log and claim it for this search's options: one log holds one search, so
-        a rerun with other options is refused. True when the log already held this search."""
+        """Open the event log and claim it for these options (one log holds one search: a rerun
+        with other options is refused); a log that holds this search already resumes it."""
         self.log = EventLog(self.out / "events.jsonl")
-        mine = json.loads(json.dumps(self.cfg.identity()))
+        mine = json.loads(json.dumps(self.identity()))
         old = next((e["payload"] for e in self.log.events if e["kind"] == "config"), None)
         if old is None:
             self.log.append("config", None, "config", None, mine)
@@ -180,184 +397,54 @@ class Search:
                     raise SearchError(f"{self.out} holds a run with {k}={old.get(k)!r}, but this "
                                       f"command asks for {k}={mine.get(k)!r}; rerun with the same "
                                       "options or pass a new --out")
-        # what a replay answers from: every logged result
-        self.logged = {(e["kind"], e["request_id"]): e["payload"] for e in self.log.events if e["kind"] != "request"}
-        return old is not None
+            self.say(f"resuming from {self.out / 'events.jsonl'} ({len(self.log.events)} events)")
 
-    def _measure(self, code):
+    def identity(self):
+        """The logged options, with the forecaster's name: steps and budget may grow between runs
+        of one --out (a rerun can extend a search), where and how it runs (--out, --server, ...)
+        may change."""
+        logged = {f.name: getattr(self.args, f.name) for f in fields(self.args) if f.metadata.get("logged")}
+        return logged | {"forecaster": self.forecaster_name}
+
+    def _mutate(self, parent, n, seen, step, k):
         t = time.perf_counter()
-        m = self.measure_fn(self.cfg.task, code, **self.measure_kwargs)
-        return {"measurement": m.to_dict(), "seconds": time.perf_counter() - t}
+        cands = self.mutator.propose(parent, n, set(seen), f"{self.args.seed}/{step}/{k}")
+        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - t}
 
     def _forecast(self, codes):
         t = time.perf_counter()
-        fs = self.forecaster.forecast_many(self.cfg.task, self.seed_code, codes)
+        fs = self.forecaster.forecast_many(self.args.task, self.seed_code, codes)
         views = [{"parse_failed": bool(f.parse_failed),
                   "probs": None if f.parse_failed else [float(p) for p in f.probs],
                   "record": f.to_dict()} for f in fs]
         return {"forecasts": views, "seconds": time.perf_counter() - t}
 
-    def _gate(self):
-        """The confidence gate of this step: --threshold, or learnt from the labels so far by
-        forecaster.Gate.from_labelled (threshold inf when none meets the target risk); None (defer
-        everything) until --min-labels labels exist."""
-        cfg = self.cfg
-        if cfg.threshold is not None:
-            return Gate(cfg.score, cfg.threshold)
-        if len(self.labels) < cfg.min_labels:
-            return None
-        forecasts, true_bins = zip(*self.labels)
-        return Gate.from_labelled(forecasts, true_bins, cfg.target_risk, cfg.delta, score=cfg.score)
-
-    def _choose(self, parent, n_cands, forecasts):
-        """Indices to measure (in order), {index: reason} of those skipped, and the gate's
-        threshold (None while it defers everything)."""
-        cfg = self.cfg
-        if cfg.gate == "none":
-            return list(range(n_cands)), {}, None
-        order = sorted(range(n_cands), key=lambda j: -rank_key(forecasts[j], cfg.rank_by))
-        if cfg.gate == "topk":
-            keep = order[: cfg.measure_per_parent]
-            return keep, {j: "below top-k" for j in order[len(keep):]}, None
-        gate, wanted, skipped = self._gate(), [], {}
-        for j in order:
-            if gate is None or gate.decide(forecasts[j]) == "defer":
-                wanted.append(j)
-            elif predicts_gain(forecasts[j], parent.reward):
-                wanted.append(j)
-            else:
-                skipped[j] = "confident: no gain over parent"
-        for j in wanted[cfg.measure_per_parent:]:
-            skipped[j] = "over the per-parent cap"
-        tau = None if gate is None or math.isinf(gate.threshold) else gate.threshold
-        return wanted[: cfg.measure_per_parent], skipped, tau
-
-    def run(self):
-        cfg, t_start = self.cfg, time.time()
-        resumed = self._open_log()
-        if resumed:
-            self.say(f"resuming from {self.out / 'events.jsonl'} ({len(self.log.events)} events)")
-        archive = self.archive = Archive(c=cfg.c, capacity=cfg.capacity, keep_children=cfg.keep_children)
-        st = self.stats = dict(steps=0, measurements=0, forecasts=0, considered=0, proposed=0,
-                               failed_mutations=0, duplicates=0, skipped=0, failed_measurements=0,
-                               skipped_by_reason={}, mutation_s=0.0, forecast_s=0.0, measurement_s=0.0)
-        self.labels, self.rows, self.curve = [], [], []
-
-        seed = self._call("measurement", "seed", -1, None, lambda: self._measure(self.seed_code))
-        st["measurement_s"] += seed["seconds"]
-        m = seed["measurement"]
-        if m["status"] != "ok" or not m.get("speedup"):
-            raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
-                              f"check tasks/kernels/{cfg.task}/seed.py with measure.py")
-        archive.add_seed("seed", self.seed_code, m["speedup"], info={"result": _brief(m)})
-        self._row("seed", self.seed_code, m, "seed")
-        seen = {self.seed_code.strip()}
-        best = m["speedup"]
-        self.curve.append((0, best))
-        bar = _progress(cfg.budget, self.progress)
-
-        for step in range(cfg.steps):
-            if st["measurements"] >= cfg.budget:
-                break
-            parents, children = archive.select(cfg.parents), {}
-            for k, pid in enumerate(parents):
-                if st["measurements"] >= cfg.budget:
-                    break  # nothing left to measure: do not mutate or forecast for nothing
-                parent, tag = archive.nodes[pid], f"s{step}p{k}"
-                n_mut = cfg.mutations
-                muts = self._call("mutation", f"{tag}/mutate", step, pid, lambda: self._mutate(parent, n_mut, seen, step, k))
-                st["mutation_s"] += muts["seconds"]
-                cands = []
-                for i, c in enumerate(muts["candidates"]):
-                    st["proposed"] += 1
-                    if c["code"] is None:
-                        st["failed_mutations"] += 1
-                    elif c["code"].strip() in seen:
-                        st["duplicates"] += 1
-                    else:
-                        seen.add(c["code"].strip())
-                        cands.append((f"{tag}c{i}", c["code"]))
-                st["considered"] += len(cands)
-                forecasts = []
-                if cfg.gate != "none" and cands:
-                    fc = self._call("forecast", f"{tag}/forecast", step, pid,
-                                    lambda: self._forecast([code for _, code in cands]))
-                    forecasts = [as_forecast(v) for v in fc["forecasts"]]
-                    st["forecasts"] += len(forecasts)
-                    st["forecast_s"] += fc["seconds"]
-                chosen, skipped, tau = self._choose(parent, len(cands), forecasts)
-                room = max(0, cfg.budget - st["measurements"])
-                for j in chosen[room:]:
-                    skipped[j] = "budget spent"
-                chosen = chosen[:room]
-                for reason in skipped.values():
-                    st["skipped_by_reason"][reason] = st["skipped_by_reason"].get(reason, 0) + 1
-                st["skipped"] += len(skipped)
-                self._note("selection", f"{tag}/select", step, pid, {
-                    "measure": [cands[j][0] for j in chosen], "threshold": tau,
-                    "skip": {cands[j][0]: why for j, why in sorted(skipped.items())}})
-                kids = children[pid] = []
-                for j in chosen:
-                    cid, code = cands[j]
-                    res = self._call("measurement", cid, step, pid, lambda: self._measure(code))
-                    st["measurements"] += 1
-                    st["measurement_s"] += res["seconds"]
-                    bar.update(1)
-                    m = res["measurement"]
-                    ok = m["status"] == "ok" and bool(m.get("speedup"))
-                    if forecasts and ok and not forecasts[j].parse_failed:  # a label for the gate
-                        self.labels.append((forecasts[j], bins.speedup_to_bin(m["speedup"])))
-                    if ok:
-                        kids.append((cid, code, m["speedup"], {"result": _brief(m)}))
-                        self._row(cid, code, m, "parent_edit")
-                        best = max(best, m["speedup"])
-                    else:
-                        st["failed_measurements"] += 1
-                        parent.info["last_failure"] = _brief(m)
-                    self.curve.append((st["measurements"], best))
-            kept = {pid: archive.expand(pid, kids, step=step) for pid, kids in children.items()}
-            st["steps"] += 1
-            self._note("step", f"step{step}", step, None, {
-                "parents": parents, "kept": kept, "best_speedup": best,
-                "measurements": st["measurements"], "archive_size": len(archive.nodes)})
-            self._write_outputs(t_start)
-        bar.close()
-        self._write_outputs(t_start, plot=True)
-        self.log.close()
-        return self.summary(t_start)
-
-    def _mutate(self, parent, n, seen, step, k):
+    def _measure(self, code):
         t = time.perf_counter()
-        cands = self.mutator.propose(parent, n, set(seen), f"{self.cfg.seed}/{step}/{k}")
-        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - t}
-
-    def _row(self, node_id, code, m, pair_type):
-        run = f"{self.cfg.task}-{self.cfg.gate}-{self.cfg.seed}"
-        self.rows.append(training_row(self.cfg.task, run, node_id, self.seed_code, code, m, pair_type))
-
-    # ---- outputs -------------------------------------------------------------------------------
+        m = self.measure_fn(self.args.task, code, **self.measure_kwargs)
+        return {"measurement": m.to_dict(), "seconds": time.perf_counter() - t}
 
     def summary(self, t_start):
-        st, best = self.stats, self.archive.best()
+        t, best = self.tally, self.archive.best()
         return {
-            "task": self.cfg.task, "gate": self.cfg.gate, "seed": self.cfg.seed,
-            "mutator": self.cfg.mutator, "forecaster": self.cfg.forecaster or None,
-            "budget": self.cfg.budget, "steps": st["steps"], "measurements": st["measurements"],
-            "seed_measurements": 1, "candidates_proposed": st["proposed"],
-            "candidates_considered": st["considered"], "failed_mutations": st["failed_mutations"],
-            "duplicates": st["duplicates"], "forecasts": st["forecasts"], "skipped": st["skipped"],
-            "skipped_by_reason": st["skipped_by_reason"], "failed_measurements": st["failed_measurements"],
+            "task": self.args.task, "gate": self.args.gate, "seed": self.args.seed,
+            "mutator": self.args.mutator, "forecaster": self.forecaster_name or None,
+            "budget": self.args.budget, "steps": t.steps, "measurements": t.measurements,
+            "seed_measurements": 1, "candidates_proposed": t.proposed,
+            "candidates_considered": t.considered, "failed_mutations": t.failed_mutations,
+            "duplicates": t.duplicates, "forecasts": t.forecasts, "skipped": t.skipped,
+            "skipped_by_reason": t.skipped_by_reason, "failed_measurements": t.failed_measurements,
             "training_rows": len(self.rows), "best_speedup": best.reward, "best_node": best.id,
             "seed_speedup": self.archive.nodes["seed"].reward, "archive_size": len(self.archive.nodes),
             "best_vs_measurements": self.curve,
-            "time_s": {"mutation": round(st["mutation_s"], 3), "forecast": round(st["forecast_s"], 3),
-                       "measurement": round(st["measurement_s"], 3),
+            "time_s": {"mutation": round(t.mutation_s, 3), "forecast": round(t.forecast_s, 3),
+                       "measurement": round(t.measurement_s, 3),
                        "this_run_wall": round(time.time() - t_start, 3)},
         }
 
     def _write_outputs(self, t_start, plot=False):
         write_outputs(self.out, self.archive, self.summary(t_start), self.rows,
-                      self.curve if plot else None, f"{self.cfg.task}: best speedup vs measurements")
+                      self.curve if plot else None, f"{self.args.task}: best speedup vs measurements")
 
 
 def write_outputs(out, archive, summary, rows, curve=None, title=""):
@@ -401,215 +488,18 @@ def _progress(total, enabled):
 
 # ---- the command line -------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        print(f"search.py: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def build_parser():
-    from tasks import TASK_NAMES
-    p = _Parser(description="PUCT kernel search with an LLM mutator and a forecaster gate "
-                "(the paper's Figure 4 with --compare).",
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--task", required=True, choices=TASK_NAMES, help="the kernel task to optimise")
-    p.add_argument("--gate", choices=GATES, default="topk",
-                   help="none: measure every mutation; topk: forecast all, measure the best "
-                   "--measure-per-parent; confidence: the selective gate (measure when unsure or "
-                   "when a gain over the parent is predicted)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the mutators and of the run's name")
-    p.add_argument("--budget", type=int, default=None, help="candidate measurements (the seed's is "
-                   f"not counted); default {PAPER_BUDGET} with an LLM mutator at benchmark scale, "
-                   f"else {CPU_BUDGET}")
-    p.add_argument("--steps", type=int, default=40, help="most search steps")
-    p.add_argument("--parents", type=int, default=2, help="parents expanded per step (lineage-blocked)")
-    p.add_argument("--mutations", type=int, default=None,
-                   help="mutations per parent; default 4 with --gate none, 16 with a gate "
-                   f"({CPU_GATED_MUTATIONS} with the embedded CPU forecaster)")
-    p.add_argument("--measure-per-parent", type=int, default=4,
-                   help="most candidates measured per parent with a gate")
-    p.add_argument("--rank-by", choices=RANK_KEYS, default="expected_bin",
-                   help="forecast key that ranks candidates (expected bin index or log2-speedup)")
-    p.add_argument("--score", choices=bins.CONFIDENCE_KINDS, default="maxprob",
-                   help="confidence score of the confidence gate")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="fixed confidence threshold of the confidence gate; default: learnt from "
-                   "the measurements so far with selective.guaranteed_risk_threshold")
-    p.add_argument("--target-risk", type=float, default=0.3,
-                   help="bin-mismatch rate the learnt threshold must guarantee")
-    p.add_argument("--delta", type=float, default=0.1, help="failure probability of that guarantee")
-    p.add_argument("--min-labels", type=int, default=8,
-                   help="measured forecasts needed before a threshold is learnt (defer all until then)")
-    p.add_argument("--keep-children", type=int, default=2, help="best children per expansion kept in the archive")
-    p.add_argument("--mutator", choices=("auto", "llm", "catalog"), default="auto",
-                   help="auto: the LLM when one is available (--server, --model, or GPT-OSS-20B "
-                   "weights on a GPU machine), else the offline catalog of variants and tune edits")
-    p.add_argument("--model", default=None, help="local transformers model (name or folder) for the "
-                   f"mutator and the forecaster; default {DEFAULT_MODEL} on a GPU when its weights are cached")
-    p.add_argument("--forecaster-model", default=None, help="a different local model for the forecaster")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder for the forecaster model (from train_grpo.py)")
-    p.add_argument("--server", default=None, help="OpenAI-compatible server URL (vLLM/SGLang), used "
-                   "for both the mutator and the forecaster, e.g. http://localhost:8000/v1")
-    p.add_argument("--server-model", default=DEFAULT_MODEL, help="model name on --server")
-    p.add_argument("--readout", choices=("verbalized", "logits"), default=None,
-                   help="forecast read-out; default logits for the embedded model, else verbalized")
-    p.add_argument("--scale", choices=("benchmark", "cpu"), default=None,
-                   help="measurement scale; default benchmark on a GPU, cpu otherwise")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per measurement (measure.py's default if unset)")
-    p.add_argument("--unsafe-no-sandbox", action="store_true",
-                   help="measure candidates without measure.py's bubblewrap sandbox (for machines without "
-                   "user namespaces): LLM-written code then runs as you and can forge later measurements")
-    p.add_argument("--out", default=None, help="output folder; default runs/<task>-<gate>-<seed> "
-                   "(runs/<task>-compare-<seed> with --compare); rerun with the same --out to resume")
-    p.add_argument("--compare", action="store_true", help="run the gated and the ungated search with "
-                   "the same budget and seed into OUT/gated and OUT/ungated and compare them")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def _check_args(args):
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise SearchError(f"--out {args.out} is an existing file; pass a folder (a new one, or a run's to resume it)")
-    for name in ("budget", "steps", "parents", "mutations", "measure_per_parent", "keep_children"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise SearchError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-    if args.threshold is not None and not 0 <= args.threshold <= 1:
-        raise SearchError(f"--threshold must be in [0, 1], got {args.threshold}")
-    for name in ("target_risk", "delta"):
-        if not 0 < getattr(args, name) < 1:
-            raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
-
-
-class Lazy:
-    """A model built on its first use, not at start-up. Loading one takes ~40 s (the embedded
-    SmolLM2 on a CPU) to minutes (GPT-OSS-20B); a resumed run whose requests are all answered from
-    its event log never uses it, so never pays that."""
-
-    def __init__(self, build):
-        self._build, self._built = build, None
-
-    def __getattr__(self, name):  # only called for attributes Lazy itself lacks
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if self._built is None:
-            try:
-                self._built = self._build()
-            except ModelNotFound as e:
-                raise SearchError(str(e)) from None
-        return getattr(self._built, name)
-
-
-def setup(args, say=print):
-    """Pick the scale, the mutator and the forecaster for this machine, and say what was chosen."""
-    import torch
-
-    import tasks
-    has_gpu = torch.cuda.is_available()
-    scale = args.scale or ("benchmark" if has_gpu else "cpu")
-    if scale == "benchmark" and not has_gpu:
-        raise SearchError("--scale benchmark needs a CUDA GPU; drop it to measure at CPU scale")
-    say(f"measurement: {scale} scale" + ("" if scale == "benchmark" else
-        " (Triton interpreter on small shapes, CPU times, NOT GPU times; on a GPU machine "
-        "the paper's benchmark shapes are timed with CUDA events)"))
-
-    # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
-    import forecaster_backends as b
-
-    def local_model(name):  # a named model must be here: fail at start-up, not at the first use
-        try:
-            return b.pick_local_model(name)
-        except ModelNotFound as e:
-            raise SearchError(str(e)) from None
-    llm, llm_name = None, None
-    want_llm = args.mutator != "catalog" or (args.gate != "none" or args.compare)
-    if args.server:
-        llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
-        llm_name = f"{args.server_model} at {args.server}"
-    elif args.model or want_llm:
-        llm_name = local_model(args.model)
-        if llm_name:
-            llm = Lazy(lambda: b.TransformersBackend(llm_name))
-
-    description = tasks.get_task(args.task).DESCRIPTION
-    if args.mutator == "llm" and llm is None:
-        raise SearchError("--mutator llm needs a model: pass --server URL or --model NAME")
-    if llm is not None and args.mutator != "catalog":
-        mutator, mutator_name = LLMMutator(llm, description), f"llm:{llm_name}"
-        say(f"mutator: LLM {llm_name}")
-    else:
-        mutator, mutator_name = CatalogMutator(tasks.variant_sources(args.task)), "catalog"
-        why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
-            "no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU "
-            f"machine with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
-        say(f"mutator: offline catalog (the task's hand-written variants and `# tune:` edits): {why}")
-
-    forecaster, forecaster_name = None, ""
-    if args.gate != "none" or args.compare:
-        if args.forecaster_model:
-            local_model(args.forecaster_model)
-            fname, build = args.forecaster_model, lambda: b.TransformersBackend(args.forecaster_model, adapter=args.adapter)
-        elif args.server and args.adapter:  # the server serves the adapter under its own name
-            fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.server_model, adapter=args.adapter)
-        elif llm is not None and args.adapter:  # a second copy of the model, with the adapter
-            fname, build = llm_name, lambda: b.TransformersBackend(llm_name, adapter=args.adapter)
-        elif llm is not None:  # the mutator's model forecasts too
-            fname, build = llm_name, lambda: llm
-        else:
-            fname, build = "embedded SmolLM2-135M", b.embedded_backend
-        embedded = fname.startswith("embedded")
-        readout = args.readout or ("logits" if embedded else "verbalized")
-        forecaster = Lazy(lambda: Forecaster(build(), readout=readout))
-        forecaster_name = f"{fname} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "")
-        say(f"forecaster: {forecaster_name}" + (
-            ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
-            "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
-
-    gated_mutations = 16
-    if forecaster_name.startswith("embedded") and args.mutations is None:
-        gated_mutations = CPU_GATED_MUTATIONS
-        say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
-            "--mutations 16 once a real forecaster is at hand)")
-    real = mutator_name.startswith("llm") and scale == "benchmark"
-    budget = args.budget or (PAPER_BUDGET if real else CPU_BUDGET)
-    if args.budget is None and not real:
-        say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "
-            f"GPU); the paper's search is --budget {PAPER_BUDGET} --steps 40")
-    import measure_sandbox
-    if args.unsafe_no_sandbox:
-        say("measurement sandbox: none (--unsafe-no-sandbox): candidate code runs unconfined, as you")
-    else:
-        try:  # at start-up, not at the first measurement minutes later
-            measure_sandbox.require_sandbox()
-        except measure_sandbox.SandboxUnavailable as e:
-            raise SearchError(str(e)) from None
-    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
-        {"timeout_s": args.timeout} if args.timeout else {})
-    return dict(scale=scale, mutator=mutator, mutator_name=mutator_name, forecaster=forecaster,
-                forecaster_name=forecaster_name, budget=budget, description=description,
-                gated_mutations=gated_mutations,
-                measure_kwargs=measure_kwargs)
-
-
-def make_config(args, gate, env):
-    return Config(task=args.task, gate=gate, seed=args.seed, steps=args.steps, budget=env["budget"],
-                  parents=args.parents, mutations=args.mutations or (4 if gate == "none" else env["gated_mutations"]),
-                  measure_per_parent=args.measure_per_parent, rank_by=args.rank_by, score=args.score,
-                  threshold=args.threshold, target_risk=args.target_risk, delta=args.delta,
-                  min_labels=args.min_labels, keep_children=args.keep_children,
-                  mutator=env["mutator_name"], forecaster=env["forecaster_name"] if gate != "none" else "",
-                  scale=env["scale"])
-
-
 def run_one(args, gate, out, env, say=print):
+    """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     import measure
     import tasks
-    cfg = make_config(args, gate, env)
-    say(f"search: {cfg.task}, gate {gate}, {cfg.mutations} mutations per parent, budget "
-        f"{cfg.budget} measurements, {cfg.steps} steps x {cfg.parents} parents -> {out}")
-    search = Search(cfg, out, seed_code=tasks.seed_source(args.task), description=env["description"],
-                    mutator=env["mutator"], measure_fn=measure.measure, forecaster=env["forecaster"],
-                    measure_kwargs=env["measure_kwargs"], progress=not args.no_progress, say=say)
+    args = replace(args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
+                   mutations=args.mutations or (4 if gate == "none" else env.gated_mutations))
+    say(f"search: {args.task}, gate {gate}, {args.mutations} mutations per parent, budget "
+        f"{args.budget} measurements, {args.steps} steps x {args.parents} parents -> {out}")
+    search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
+                    measure_fn=measure.measure, forecaster=env.forecaster,
+                    forecaster_name=env.forecaster_name if gate != "none" else "",
+                    measure_kwargs=env.measure_kwargs, progress=not args.no_progress, say=say)
     return search.run()
 
 
@@ -620,9 +510,8 @@ def _report(s):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
     try:
-        _check_args(args)
+        args = parse_args(argv)
         if args.compare:
             gate = args.gate if args.gate != "none" else "topk"
             out = Path(args.out or f"runs/{args.task}-compare-{args.seed}")
@@ -640,7 +529,7 @@ def main(argv=None):
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
                   "training_rows.jsonl best_speedup.png")
-    except (SearchError, RecordError) as e:
+    except (SearchError, SetupError, RecordError) as e:
         print(f"search.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from dataset import load_rows
 from forecaster_backends import Completion
 from records import RecordError
 from pair_sampler import Group, sample_pairs, water_fill
-from search import Config, Search
+from search import Args, Search
 from tasks import TASK_NAMES
 
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -65,7 +65,7 @@ class AppendMutator:
 
 
 def make_search(folder, task, budget=30):
-    cfg = Config(task=task, gate="none", steps=20, budget=budget, mutator="append", scale="cpu")
+    cfg = Args(task=task, gate="none", steps=20, budget=budget, mutations=4, mutator="append", scale="cpu")
     Search(cfg, folder, seed_code=f"def custom_kernel(data):  # {task} seed\n    return data\n",
            mutator=AppendMutator(), measure_fn=fake_measure, progress=False, say=lambda *a: None).run()
     return folder

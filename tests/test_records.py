@@ -67,3 +67,21 @@ def test_event_log_appends_and_reopens(tmp_path):
     again.close()
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["kind"] for line in lines] == ["request", "measurement", "step"]
+
+
+def test_event_log_answers_a_rerun_from_its_results(tmp_path):
+    calls = []
+
+    def work():
+        calls.append(1)
+        return {"speedup": 2.0}
+    log = EventLog(tmp_path / "events.jsonl")
+    assert log.call("measurement", "c1", 0, "seed", work) == {"speedup": 2.0}
+    log.note("step", "step0", 0, None, {"best": 2.0})
+    log.close()
+    again = EventLog(tmp_path / "events.jsonl")  # the rerun: the result comes from the log
+    assert again.call("measurement", "c1", 0, "seed", work) == {"speedup": 2.0} and len(calls) == 1
+    again.note("step", "step0", 0, None, {"best": 2.0})  # derived the same again: not rewritten
+    again.close()
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert kinds == ["request", "measurement", "step"]

@@ -18,7 +18,8 @@ from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, m
                       set_tunable, tunables)
 from forecaster import Gate
 from puct import Archive, Node
-from search import Config, Search, SearchError, as_forecast, predicts_gain
+from search import Args, Search, SearchError, as_forecast, predicts_gain
+from search_setup import Setup
 from records import EventLog, RecordError
 
 
@@ -110,7 +111,7 @@ def cfg(**kw):
     base = dict(task="toy", gate="none", seed=0, steps=50, budget=12, parents=2, mutations=4,
                 measure_per_parent=4, mutator="bits", scale="cpu")
     base.update(kw)
-    return Config(**base)
+    return Args(**base)
 
 
 def run(tmp_path, name="run", seed_code="00000000\n", measure=None, forecaster=None, mutator=None, **kw):
@@ -681,8 +682,8 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
 def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypatch, capsys):
     pytest.importorskip("measure")
     measure = BitMeasure()
-    env = dict(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
-               forecaster_name="scripted", budget=8, description="T", gated_mutations=12, measure_kwargs={})
+    env = Setup(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
+                forecaster_name="scripted", budget=8, gated_mutations=12, measure_kwargs={})
     monkeypatch.setattr(search, "setup", lambda args, say=print: env)
     monkeypatch.setattr("measure.measure", measure)
     monkeypatch.setattr("tasks.seed_source", lambda name: "0" * 16 + "\n")
