@@ -48,7 +48,7 @@ Instead of saving each process's RNG state, every step reseeds python, numpy and
 (seed, step, process), and the rows of a step are a function of (seed, step): so the step *is* the
 RNG state and the data position, and --resume reproduces an uninterrupted run bit for bit on CPU.
 Multi-GPU (accelerate launch) splits each step's prompts across processes; only the main process
-writes files and runs the final evaluation. Tested here on CPU in one process only.
+writes files and runs the final evaluation. The suite runs it with 2 CPU processes.
 
 GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpointing):
     accelerate launch --num_processes 1 train_grpo.py --model openai/gpt-oss-20b \\
@@ -529,7 +529,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # 7. log, checkpoint
         rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args)
         rec.update(grad_norm=grad_norm, step_time_s=round(time.perf_counter() - t0, 4),
-                   peak_memory_bytes=peak_memory_bytes(device))
+                   peak_memory_bytes=peak_memory_bytes(device), processes=acc.num_processes)
         records.append(rec)
         if acc.is_main_process:
             with open(out / "log.jsonl", "a") as f:

@@ -337,6 +337,33 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
     assert rec["parse_rate"] == 0.0 and rec["groups_kept"] == 0 and rec["reward"] == 0.0
 
 
+@pytest.mark.slow
+def test_accelerate_launch_with_two_cpu_processes(tmp_path, tiny_model_dir):
+    """The multi-GPU path, `accelerate launch --num_processes N`, with 2 CPU processes: the step's
+    3 prompts split 2 + 1 (filler micro-batches even out the backward passes), gradients and the
+    log line reduced across processes, one log and one adapter written by the main process."""
+    import os
+    import subprocess
+    data = kernel_rows(tmp_path / "rows.jsonl")
+    out = tmp_path / "run"
+    # accelerate's multi-process launcher (torchrun underneath; `--cpu` alone starts one process),
+    # with ACCELERATE_USE_CPU: the processes form a gloo group on the CPU instead of NCCL on GPUs
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(Path(train_grpo.__file__)), "--data", str(data), "--out", str(out), "--model",
+           str(tiny_model_dir), "--reward", "brier", "--answer-format", "votes", "--steps", "1",
+           "--prompts-per-step", "3", "--group-size", "2", "--micro-batch-size", "2",
+           "--eval-fraction", "0.34", "--eval-samples", "1", "--lr", "1e-2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 1 and log[0]["processes"] == 2  # one line, written by the main process
+    assert log[0]["groups"] == 3 and log[0]["parse_rate"] == 1.0  # every prompt of the step, both processes'
+    assert (out / "adapter" / "adapter_model.safetensors").exists()
+    assert (out / "checkpoint-000001" / "trainer_state.pt").exists()
+
+
 def test_cli_bad_input_is_one_line(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"pack": "cross_entropy"}\n')
