@@ -261,6 +261,14 @@ def speedup_recovered_rows(rows, budgets=BUDGETS_PCT):
     return {**_average(overall), "tasks": {t: _average(v) for t, v in sorted(per_task.items())}}
 
 
+# ---- a search's candidates -----------------------------------------------------------------------
+
+def fast_p(speedups, p=1.0):
+    """fast_p (KernelBench): the share of candidates that are correct and more than p times as fast
+    as the reference. speedups: one per measured candidate, None when it failed; None if empty."""
+    return sum(s is not None and s > p for s in speedups) / len(speedups) if speedups else None
+
+
 # ---- discovery moments (definition in the module docstring) -------------------------------
 
 DISCOVERY_SPEEDUP = BIN_EDGES[3]  # sqrt(2) = 1.414x, the lower edge of bin 5

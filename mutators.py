@@ -12,12 +12,20 @@ A proposal with `code=None` is a failed mutation: logged with its error, never m
   proposes the task's hand-written variants (tasks/kernels/<task>/), then edits of the parent's
   `# tune:` constants (block sizes, num_warps, num_stages), one constant at a time.
 
+A goal-conditioned search (search.py --target-bin B, which eval_set.py runs to fill a bin of its
+eval set) asks the LLM for a kernel whose speedup lands *inside bin B's band*, not for the fastest
+kernel: the prompt names the band and its midpoint (goal_band) and says that faster is not better.
+The catalog mutator has no such lever and proposes as always; the search's reward steers it.
+
 Split from search.py so the search loop reads in one sitting; nothing here knows about PUCT.
 """
 import hashlib
 import json
+import math
 import random
 import re
+
+from bins import bin_interval
 
 MUTATION_RULES = """You are an expert GPU kernel engineer. Rewrite the kernel below to make it faster.
 Rules:
@@ -30,8 +38,9 @@ Rules:
 TRUNCATE = 2000  # characters of an error message shown to the mutator
 
 
-def feedback_text(m):
-    """The mutator's view of a measurement dict (measure.Measurement.to_dict())."""
+def feedback_text(m, ask="Rewrite the whole kernel to be as fast as possible."):
+    """The mutator's view of a measurement dict (measure.Measurement.to_dict()); `ask` closes the
+    feedback on a correct kernel (None: nothing)."""
     status, msg = m.get("status"), (m.get("message") or "")[:TRUNCATE]
     if status == "compile_error":
         return f"The kernel failed to compile:\n{msg}"
@@ -48,17 +57,46 @@ def feedback_text(m):
     for c in sorted(timed, key=lambda c: -c["candidate_ms"]):
         lines.append(f"| {json.dumps(c.get('case'))} | {c['candidate_ms']:.4g} | "
                      f"{c.get('reference_ms', float('nan')):.4g} | {c.get('speedup', float('nan')):.3f}x |")
-    lines.append("Rewrite the whole kernel to be as fast as possible.")
+    if ask:
+        lines.append(ask)
     return "\n".join(lines)
 
 
-def mutation_messages(description, parent_code, parent_result, last_failure=None):
-    """The chat of docs/PAPER.md §7: rules, the task, the parent's code and its feedback."""
+def goal_band(target_bin):
+    """(low, high, midpoint) speedups of a goal-conditioned search's target bin. The midpoint is
+    the band's geometric centre; the open bins take the octave beyond their edge, [0.25x, 0.5x)
+    and [4x, 8x), as the original's goal did (midpoints 0.354x and 5.66x)."""
+    low, high = bin_interval(target_bin)
+    window = (high / 2, high) if low == 0 else (low, 2 * low) if math.isinf(high) else (low, high)
+    return low, high, math.sqrt(window[0] * window[1])
+
+
+def _band_text(target_bin):
+    low, high, mid = goal_band(target_bin)
+    band = f"below {high:.2f}x" if low == 0 else f"at least {low:.2f}x" if math.isinf(high) \
+        else f"between {low:.2f}x and {high:.2f}x"
+    return f"a speedup over the reference {band} (ideally about {mid:.2f}x)"
+
+
+def mutation_messages(description, parent_code, parent_result, last_failure=None, target_bin=None):
+    """The chat of docs/PAPER.md §7: rules, the task, the parent's code and its feedback. With a
+    target bin, the goal-conditioned variant: land the speedup in the bin's band, not beyond it."""
+    ask = {} if target_bin is None else {"ask": None}  # the goal's own request closes the chat
     user = [f"Task:\n{description}", f"Current kernel:\n```python\n{parent_code}\n```",
-            f"Feedback on the current kernel:\n{feedback_text(parent_result)}"]
+            f"Feedback on the current kernel:\n{feedback_text(parent_result, **ask)}"]
     if last_failure:  # the last child of this parent failed: show why, so it is not repeated
-        user.append(f"Your previous rewrite of this kernel failed. {feedback_text(last_failure)}")
-    return [{"role": "system", "content": MUTATION_RULES}, {"role": "user", "content": "\n\n".join(user)}]
+        user.append(f"Your previous rewrite of this kernel failed. {feedback_text(last_failure, **ask)}")
+    system = MUTATION_RULES
+    if target_bin is not None:
+        goal = _band_text(target_bin)
+        system = (f"You are an expert GPU kernel engineer. This time the goal is not the fastest kernel: "
+                  f"rewrite the kernel below so that it is correct and measures {goal}. A kernel outside "
+                  "that band, even a much faster one, is of no use here: if the current kernel is too "
+                  "fast, slow it down (less parallelism, worse memory access, parts in plain PyTorch); if "
+                  "it is too slow, remove bottlenecks until it is inside the band, then stop."
+                  + MUTATION_RULES[MUTATION_RULES.index("\nRules:"):])
+        user.append(f"Rewrite the whole kernel so that it measures {goal}. Faster is not better.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(user)}]
 
 
 PYTHON_BLOCK = re.compile(r"```python[ \t]*\n(.*?)```", re.S)
@@ -79,13 +117,13 @@ class LLMMutator:
 
     name = "llm"
 
-    def __init__(self, backend, description, temperature=1.0, max_new_tokens=8192):
+    def __init__(self, backend, description, temperature=1.0, max_new_tokens=8192, target_bin=None):
         self.backend, self.description = backend, description
-        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.temperature, self.max_new_tokens, self.target_bin = temperature, max_new_tokens, target_bin
 
     def propose(self, parent, n, seen, key):
         chat = mutation_messages(self.description, parent.code, parent.info.get("result", {}),
-                                 parent.info.get("last_failure"))
+                                 parent.info.get("last_failure"), self.target_bin)
         replies = self.backend.generate([chat] * n, max_new_tokens=self.max_new_tokens,
                                         temperature=self.temperature, seed=_int_seed(key))
         out = []

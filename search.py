@@ -55,6 +55,12 @@ Decisions this file documents:
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
   - In topk ranking, parse failures come after every parsed forecast.
+  - Goal-conditioned search (--target-bin B; eval_set.py runs it to fill a short bin of its eval
+    set): the reward is -|ln S - ln m_B|, m_B the bin's midpoint (mutators.goal_band), so PUCT
+    expands and the archive keeps the kernels closest to the band instead of the fastest, and an
+    LLM mutator is asked to land in the band. It measures every mutation (--gate none).
+  - fast_1 in summary.json: the share of measured candidates that were correct and faster than the
+    reference (metrics.fast_p), the KernelBench measure of a search's candidates.
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
 import json
@@ -66,11 +72,13 @@ from pathlib import Path
 
 import bins
 import cli
+import metrics
 from cli import flag
 from dataset import training_row
 from forecast_answer import Forecast
 from forecaster import Gate
 from lm import DEFAULT_MODEL
+from mutators import goal_band
 from puct import Archive
 from records import EventLog, RecordError, write_atomic
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
@@ -118,6 +126,9 @@ class Args:
     c: float = flag(1.0, "PUCT exploration constant (the paper's 1.0)", logged=True)
     keep_children: int = flag(2, "best children per expansion kept in the archive", logged=True)
     capacity: int = flag(1000, "most kernels kept in the archive", logged=True)
+    target_bin: int | None = flag(None, "goal-conditioned search: reward -|ln S - ln m| for the midpoint m "
+                                    "of this bin (1..8), so the search aims at the bin's band, not at speed "
+                                    "(eval_set.py --fill); needs --gate none", choices=bins.BINS, logged=True)
     mutator: str = flag("auto", "auto: the LLM when one is available (--server, --model, or GPT-OSS-20B "
                           "weights on a GPU machine), else the offline catalog of variants and tune edits",
                           choices=("auto", "llm", "catalog"), logged=True)
@@ -162,7 +173,15 @@ def parse_args(argv=None):
     for name in ("target_risk", "delta"):
         if not 0 < getattr(args, name) < 1:
             raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
+    if args.target_bin is not None and (args.gate != "none" or args.compare):
+        raise SearchError("--target-bin runs a goal-conditioned search, which measures every mutation; "
+                          "pass --gate none (and no --compare)")
     return args
+
+
+def goal_reward(speedup, target_bin):
+    """The goal-conditioned reward: minus the log-distance of a speedup from the bin's midpoint."""
+    return -abs(math.log(speedup) - math.log(goal_band(target_bin)[2]))
 
 
 # ---- the gate ---------------------------------------------------------------------------------
@@ -202,6 +221,7 @@ class Tally:
     skipped: int = 0
     failed_measurements: int = 0
     skipped_by_reason: dict = field(default_factory=dict)
+    speedups: list = field(default_factory=list)  # per measured candidate; None when it failed
     mutation_s: float = 0.0
     forecast_s: float = 0.0
     measurement_s: float = 0.0
@@ -262,11 +282,16 @@ class Search:
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
                               f"check tasks/kernels/{self.args.task}/seed.py with measure.py")
-        self.archive.add_seed("seed", self.seed_code, m["speedup"], info={"result": _brief(m)})
+        self.archive.add_seed("seed", self.seed_code, self.reward(m), info={"result": _brief(m)})
         self._row("seed", self.seed_code, m, "seed")
         self.seen = {self.seed_code.strip()}
         self.best = m["speedup"]
         self.curve.append((0, self.best))
+
+    def reward(self, m):
+        """A measured kernel's reward: its speedup, or its closeness to --target-bin's band."""
+        t = self.args.target_bin
+        return m["speedup"] if t is None else goal_reward(m["speedup"], t)
 
     def mutate(self, parent, step, k, tag):
         """2. [(candidate id, code)] of the parent's new children; failed and repeated code dropped."""
@@ -355,10 +380,11 @@ class Search:
             self.bar.update(1)
             m = res["measurement"]
             ok = m["status"] == "ok" and bool(m.get("speedup"))
+            t.speedups.append(m["speedup"] if ok else None)
             if forecasts and ok and not forecasts[j].parse_failed:  # a label for the gate
                 self.labels.append((forecasts[j], bins.speedup_to_bin(m["speedup"])))
             if ok:
-                kids.append((cid, code, m["speedup"], {"result": _brief(m)}))
+                kids.append((cid, code, self.reward(m), {"result": _brief(m)}))
                 self._row(cid, code, m, "parent_edit")
                 self.best = max(self.best, m["speedup"])
             else:
@@ -434,8 +460,11 @@ class Search:
             "candidates_considered": t.considered, "failed_mutations": t.failed_mutations,
             "duplicates": t.duplicates, "forecasts": t.forecasts, "skipped": t.skipped,
             "skipped_by_reason": t.skipped_by_reason, "failed_measurements": t.failed_measurements,
-            "training_rows": len(self.rows), "best_speedup": best.reward, "best_node": best.id,
-            "seed_speedup": self.archive.nodes["seed"].reward, "archive_size": len(self.archive.nodes),
+            "fast_1": metrics.fast_p(t.speedups, 1.0), "target_bin": self.args.target_bin,
+            "training_rows": len(self.rows), "best_speedup": best.info["result"]["speedup"],
+            "best_reward": best.reward, "best_node": best.id,
+            "seed_speedup": self.archive.nodes["seed"].info["result"]["speedup"],
+            "archive_size": len(self.archive.nodes),
             "best_vs_measurements": self.curve,
             "time_s": {"mutation": round(t.mutation_s, 3), "forecast": round(t.forecast_s, 3),
                        "measurement": round(t.measurement_s, 3),

@@ -95,7 +95,7 @@ def setup(args, say=print):
     if args.mutator == "llm" and llm is None:
         raise SetupError("--mutator llm needs a model: pass --server URL or --model NAME")
     if llm is not None and args.mutator != "catalog":
-        mutator, mutator_name = LLMMutator(llm, description), f"llm:{llm_name}"
+        mutator, mutator_name = LLMMutator(llm, description, target_bin=args.target_bin), f"llm:{llm_name}"
         say(f"mutator: LLM {llm_name}")
     else:
         mutator, mutator_name = CatalogMutator(tasks.variant_sources(args.task)), "catalog"

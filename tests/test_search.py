@@ -712,3 +712,62 @@ def test_confidence_gate_with_the_real_guaranteed_risk_threshold(tmp_path):
     assert all(t is not None and t <= 0.95 for t in taus[3:]) and len(taus) > 3
     # Once trusted, children forecast no faster than their parent (bins saturate at 4x) are skipped.
     assert summary["skipped_by_reason"].get("confident: no gain over parent", 0) > 0
+
+
+# ---- goal-conditioned search (--target-bin) and fast_1 -----------------------------------------------
+
+def test_goal_conditioned_search_keeps_the_kernels_closest_to_the_band(tmp_path):
+    from mutators import goal_band
+    from search import goal_reward
+    # bin 5 = [1.414x, 2x), midpoint 2^0.75 = 1.68x; BitMeasure's speedups are 1 + (number of ones)
+    assert goal_band(5)[2] == pytest.approx(2 ** 0.75)
+    assert goal_band(1)[2] == pytest.approx(2 ** -1.5) and goal_band(8)[2] == pytest.approx(2 ** 2.5)
+    s, summary, measure = run(tmp_path, target_bin=5, budget=12)
+    rewards = {n.id: n.reward for n in s.archive.nodes.values()}
+    for n in s.archive.nodes.values():
+        assert n.reward == pytest.approx(goal_reward(n.info["result"]["speedup"], 5))
+    assert summary["best_speedup"] == 2.0 and summary["target_bin"] == 5  # one '1': 2x, the closest
+    assert summary["best_reward"] == max(rewards.values()) == pytest.approx(-abs(math.log(2 / 2 ** 0.75)))
+    plain = run(tmp_path, name="plain", budget=12)[1]
+    assert plain["best_speedup"] > 2.0 and plain["target_bin"] is None  # the speed search climbs
+    # the goal is part of the search's identity: resuming it with another bin is refused
+    with pytest.raises(SearchError, match="target_bin"):
+        run(tmp_path, target_bin=6, budget=12)
+
+
+def test_target_bin_needs_the_ungated_search(capsys):
+    for argv in (["--task", "cross_entropy", "--target-bin", "5"],
+                 ["--task", "cross_entropy", "--target-bin", "5", "--gate", "none", "--compare"]):
+        assert search.main(argv) == 2
+        assert "--gate none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's one-line error: a bin is 1..8
+        search.main(["--task", "cross_entropy", "--target-bin", "9", "--gate", "none"])
+    assert "--target-bin: invalid choice: 9" in capsys.readouterr().err
+
+
+def test_goal_prompt_asks_for_the_band_not_for_speed():
+    chat = mutation_messages("Task text", "def custom_kernel(data): ...", {"status": "ok", "speedup": 1.2},
+                             target_bin=2)
+    system, user = chat[0]["content"], chat[1]["content"]
+    assert "between 0.50x and 0.71x" in system and "about 0.59x" in system and "too fast, slow it down" in system
+    assert "as fast as possible" not in user and "Faster is not better" in user
+    plain = mutation_messages("Task text", "def custom_kernel(data): ...", {"status": "ok", "speedup": 1.2})
+    assert "as fast as possible" in plain[1]["content"] and "band" not in plain[0]["content"]
+
+
+def test_fast_1_is_the_share_of_candidates_correct_and_faster(tmp_path):
+    from metrics import fast_p
+    assert fast_p([2.0, 1.0, None, 0.5]) == 0.25 and fast_p([]) is None and fast_p([3.0, None], 2.5) == 0.5
+
+    class Mixed(BitMeasure):  # speedup 0.4 + 0.4 * ones (0.8x, 1.2x ...); a last bit of 1 fails to compile
+        def __call__(self, task, source, **kw):
+            self.calls.append(source)
+            if len(self.calls) > 1 and source.strip().endswith("1"):
+                return FakeMeasurement("compile_error", message="no")
+            return FakeMeasurement("ok", 0.4 + 0.4 * source.count("1"))
+    _, summary, measure = run(tmp_path, budget=10, measure=Mixed())
+    results = [None if c.strip().endswith("1") else 0.4 + 0.4 * c.count("1") for c in measure.calls[1:]]
+    assert len(results) == summary["measurements"] == 10
+    faster = sum(v is not None and v > 1 for v in results)
+    assert 0 < faster < 10 and None in results  # the run mixes failures, slow and fast kernels
+    assert summary["fast_1"] == faster / 10
