@@ -1,7 +1,7 @@
 """eval_set.py: build an eval set and an RL training pool from searches' measured kernels.
 
     python eval_set.py runs/cross_entropy-topk-0 runs/trimul-topk-0 --out data/ --per-bin 53
-    python eval_set.py runs/cross_entropy-topk-0 --out data/ --per-bin 8 --fill --fill-budget 8
+    python eval_set.py runs/cross_entropy-topk-0 --out data/ --per-bin 8 --fill --fill-budget 8 --server URL
 
 The paper (docs/PAPER.md §10) published, from the event logs of its searches, a held-out eval set
 of 424 (anchor, candidate) pairs balanced over the 8 bins, an RL training pool, and 1,347
@@ -198,7 +198,6 @@ def build(sources, out, *, per_bin=53, seed=0, mirrors=False, holdout_task=None,
         raise BuildError("no measured kernels in the inputs; run search.py first")
     say(f"harvested {len(kernels)} measured kernels from {len(inputs)} source(s)")
     pairs, report = sample_pairs(kernels, per_bin, seed, mirrors)
-    fills = []
     if fill is not None and report["short_bins"]:
         tasks = sorted({k["task"] for k in kernels})
         for b in list(report["short_bins"]):
@@ -209,7 +208,6 @@ def build(sources, out, *, per_bin=53, seed=0, mirrors=False, holdout_task=None,
                 say(f"bin {b} is short ({report['bins'][b]['taken']} of {per_bin}): goal-conditioned "
                     f"search on {task} -> {folder}")
                 fill(task, b, folder)
-                fills.append({"task": task, "bin": b, "folder": f"fill/{folder.name}"})
                 if folder not in fill_dirs:
                     fill_dirs.append(folder)
                 kernels, inputs = harvest(list(sources) + fill_dirs)
@@ -226,7 +224,9 @@ def build(sources, out, *, per_bin=53, seed=0, mirrors=False, holdout_task=None,
         "built_by": "eval_set.py", "per_bin": per_bin, "seed": seed, "mirrors": mirrors,
         "holdout_task": holdout_task,
         "inputs": inputs, "kernels": report["kernels"], "duplicate_codes_dropped": report["duplicates"],
-        "bins": report["bins"], "short_bins": report["short_bins"], "fill_searches": fills,
+        "bins": report["bins"], "short_bins": report["short_bins"],
+        "fill_searches": [{"folder": f"fill/{d.name}", "task": d.name.rsplit("-bin", 1)[0],
+                           "bin": int(d.name.rsplit("-bin", 1)[1])} for d in fill_dirs],
         "outputs": {name: {"rows": text.count("\n"),
                            "sha256": hashlib.sha256(text.encode()).hexdigest()}
                     for name, text in files.items()},
@@ -254,7 +254,44 @@ def build_parser():
                    "in the eval set (the original's sampler); by default each unordered pair once")
     p.add_argument("--holdout-task", choices=TASK_NAMES, default=None,
                    help="leave this task out of the RL pool (the paper: gdn_chunk_fwd_o)")
+    g = p.add_argument_group("filling short bins (passed on to search.py)")
+    g.add_argument("--fill", action="store_true", help="run a goal-conditioned search (search.py "
+                   "--target-bin) for each bin short of --per-bin, task by task, until it is full")
+    g.add_argument("--fill-budget", type=int, default=None,
+                   help="measurements per fill search (search.py's default if unset)")
+    g.add_argument("--mutator", choices=("auto", "llm", "catalog"), default="auto",
+                   help="the fill searches' mutator (an LLM is told the target band)")
+    g.add_argument("--server", default=None, help="OpenAI-compatible server URL for the mutator")
+    g.add_argument("--model", default=None, help="local transformers model for the mutator")
+    g.add_argument("--scale", choices=("benchmark", "cpu"), default=None,
+                   help="measurement scale of the fill searches (search.py's default if unset)")
+    g.add_argument("--timeout", type=float, default=None, help="seconds per measurement")
+    g.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="measure without the sandbox (search.py's flag of the same name)")
     return p
+
+
+def search_fill(args):
+    """fill(task, bin, folder) for build(): one goal-conditioned search through search.py's own
+    command line, so a fill search is an ordinary search folder (resumable, harvested like the
+    others)."""
+    import search  # the search, its models and measurement load only when a bin is filled
+
+    def fill(task, target_bin, folder):
+        argv = ["--task", task, "--gate", "none", "--target-bin", str(target_bin), "--seed", str(args.seed),
+                "--mutator", args.mutator, "--out", str(folder), "--no-progress"]
+        for name in ("server", "model", "scale", "timeout"):
+            if getattr(args, name) is not None:
+                argv += [f"--{name}", str(getattr(args, name))]
+        if args.fill_budget is not None:
+            argv += ["--budget", str(args.fill_budget)]
+        if args.unsafe_no_sandbox:
+            argv.append("--unsafe-no-sandbox")
+        rc = search.main(argv)
+        if rc != 0:
+            raise BuildError(f"the fill search into {folder} failed (search.py exited {rc}; its message "
+                             "is above); fix it and rerun: finished searches are not repeated")
+    return fill
 
 
 def main(argv=None):
@@ -262,8 +299,10 @@ def main(argv=None):
     try:
         if args.per_bin < 1:
             raise BuildError(f"--per-bin must be at least 1, got {args.per_bin}")
+        if args.fill_budget is not None and args.fill_budget < 1:
+            raise BuildError(f"--fill-budget must be at least 1, got {args.fill_budget}")
         m = build(args.sources, args.out, per_bin=args.per_bin, seed=args.seed, mirrors=args.mirrors,
-                  holdout_task=args.holdout_task)
+                  holdout_task=args.holdout_task, fill=search_fill(args) if args.fill else None)
     except BuildError as e:
         print(f"eval_set.py: error: {e}", file=sys.stderr)
         return 2

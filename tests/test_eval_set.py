@@ -336,3 +336,39 @@ def test_discovery_pairs_of_other_benchmarks_are_refused_with_the_fix(tmp_path, 
                            backend=ChildRecorder()) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{path}:1" in err and "kernelbench_l3" in err
+
+
+# ---- --fill: a goal-conditioned search per short bin, measured for real on CPU --------------------
+
+@pytest.mark.slow
+def test_fill_runs_a_goal_conditioned_search_for_the_short_bin_and_resumes(tmp_path, capsys, monkeypatch):
+    import tasks
+    catalog = tasks.variant_sources
+    # the plain-PyTorch variant only: interpreted Triton would add ~15 s and test nothing more
+    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"]})
+    # speedups 1 (the seed), 1.2, 1.6, 2.2, 3.0: pairs in bins 1..7 (mirrors give 1..3), none in bin 8
+    ks = [kernel("h/seed", "cross_entropy", 1.0, seed=True)]
+    ks += [kernel(f"h/k{i}", "cross_entropy", s) for i, s in enumerate((1.2, 1.6, 2.2, 3.0))]
+    src = tmp_path / "kernels.jsonl"
+    src.write_text("".join(json.dumps(k) + "\n" for k in ks))
+    out = tmp_path / "data"
+    argv = [str(src), "--out", str(out), "--per-bin", "1", "--fill", "--fill-budget", "1",
+            "--mutator", "catalog", "--scale", "cpu"]
+    assert eval_set.main(argv) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "bin 8 is short (0 of 1): goal-conditioned search on cross_entropy" in said
+    folder = out / "fill" / "cross_entropy-bin8"
+    config = json.loads((folder / "events.jsonl").read_text().splitlines()[0])["payload"]
+    assert (config["target_bin"], config["gate"], config["mutator"]) == (8, "none", "catalog")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["measurements"] == 1 and summary["target_bin"] == 8
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["fill_searches"] == [{"folder": "fill/cross_entropy-bin8", "task": "cross_entropy", "bin": 8}]
+    harvested = [k for k in _lines(out / "kernels.jsonl") if k["source_search"] == "cross_entropy-bin8"]
+    assert len(harvested) == summary["training_rows"] and harvested[0]["scale"] == "cpu"
+    # a rerun resumes the finished fill search from its log: nothing is measured again
+    before = {n: (out / n).read_text() for n in ("eval_set.jsonl", "kernels.jsonl", "manifest.json")}
+    monkeypatch.setattr("measure.measure", lambda *a, **kw: pytest.fail("measured on a rerun"))
+    assert eval_set.main(argv) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert {n: (out / n).read_text() for n in before} == before
