@@ -93,8 +93,9 @@ def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_
     if training and on_gpu:  # straight onto this process's GPU
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.bfloat16,
                                                      device_map={"": device or torch.device("cuda")}, **kw)
-    elif on_gpu:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype="auto", device_map="auto", **kw)
+    elif on_gpu:  # on the GPU asked for, else spread over the visible ones (cuda:0 first)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype="auto",
+                                                     device_map={"": device} if device is not None else "auto", **kw)
     else:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, **kw).to(device or "cpu")
     return (model if training else model.eval()), tokenizer

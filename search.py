@@ -139,6 +139,11 @@ class Args:
     server: str | None = flag(None, "OpenAI-compatible server URL (vLLM/SGLang), used for both the mutator "
                                 "and the forecaster, e.g. http://localhost:8000/v1")
     server_model: str = flag(DEFAULT_MODEL, "model name on --server")
+    llm_device: str | None = flag(None, "GPU of a local LLM (mutator and forecaster), e.g. cuda:1, away from "
+                                  "the GPU the measurements time on; default: transformers places it, "
+                                  "filling cuda:0 first (docs/GPU.md has the memory plan)")
+    no_memory_check: bool = flag(False, "skip the start-up check that the LLM and the measure workers fit in "
+                                 "the GPU's memory (its worker figure is an estimate)")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
                                  "verbalized", choices=("verbalized", "logits"))
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",

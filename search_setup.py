@@ -10,7 +10,9 @@ why, so a plain `python search.py --task cross_entropy` runs anywhere:
 - the forecaster (with a gate): a server, a local model with or without a LoRA adapter, or the
   embedded SmolLM2, which cannot judge kernels but exercises the pipeline;
 - the budget and the mutations per parent, smaller without an LLM or a GPU;
-- the sandbox: checked at start-up, not at the first measurement minutes later.
+- the sandbox: checked at start-up, not at the first measurement minutes later;
+- the GPU's memory: a local LLM and the measure workers (a reference and a candidate, each holding
+  a block of the task's inputs) share it; if they cannot fit, say so at start-up with what to change.
 Models are named and checked here but built on first use (Lazy): a resumed run whose requests
 are all answered from its event log builds none.
 """
@@ -89,7 +91,7 @@ def setup(args, say=print):
     elif args.model or want_llm:
         llm_name = local_model(args.model)
         if llm_name:
-            llm = Lazy(lambda: b.TransformersBackend(llm_name))
+            llm = Lazy(lambda: b.TransformersBackend(llm_name, device=args.llm_device))
 
     description = tasks.get_task(args.task).DESCRIPTION
     if args.mutator == "llm" and llm is None:
@@ -108,11 +110,12 @@ def setup(args, say=print):
     if args.gate != "none" or args.compare:
         if args.forecaster_model:
             local_model(args.forecaster_model)
-            fname, build = args.forecaster_model, lambda: b.TransformersBackend(args.forecaster_model, adapter=args.adapter)
+            fname, build = args.forecaster_model, lambda: b.TransformersBackend(
+                args.forecaster_model, adapter=args.adapter, device=args.llm_device)
         elif args.server and args.adapter:  # the server serves the adapter under its own name
             fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.server_model, adapter=args.adapter)
         elif llm is not None and args.adapter:  # a second copy of the model, with the adapter
-            fname, build = llm_name, lambda: b.TransformersBackend(llm_name, adapter=args.adapter)
+            fname, build = llm_name, lambda: b.TransformersBackend(llm_name, adapter=args.adapter, device=args.llm_device)
         elif llm is not None:  # the mutator's model forecasts too
             fname, build = llm_name, lambda: llm
         else:
@@ -143,8 +146,73 @@ def setup(args, say=print):
             measure_sandbox.require_sandbox()
         except measure_sandbox.SandboxUnavailable as e:
             raise SetupError(str(e)) from None
+    if scale == "benchmark" and not args.no_memory_check:
+        local = [m for m in (llm_name if llm is not None and not args.server else None, args.forecaster_model) if m]
+        problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter))
+        if problem:
+            raise SetupError(problem)
     measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
         {"timeout_s": args.timeout} if args.timeout else {})
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
                  gated_mutations=gated_mutations, measure_kwargs=measure_kwargs)
+
+
+# ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------
+
+def worker_gpu_bytes(task):
+    """An estimate of one measure worker's peak GPU memory for `task` at benchmark shapes: a timed
+    block's inputs and outputs (measure.BLOCK_BYTES at most), the temporaries of making a call's
+    inputs and of the reference (taken as three times the largest call's unavoidable bytes: e.g.
+    cross_entropy's fp32 copy of its logits and their log-softmax), the L2 flush buffer and the CUDA
+    context. measure.py reports the measured figure (Measurement.reference_peak_gb), and
+    scripts/gpu_check.py prints both side by side, so the first GPU run checks this estimate."""
+    import measure
+    import tasks
+    t = tasks.get_task(task)
+    largest = max(t.min_bytes(c) for c in t.BENCHMARK_CASES)
+    return min(measure.BLOCK_BYTES["cuda"], 16 * largest) + 3 * largest + (1 << 30)
+
+
+def weights_bytes(name_or_path):
+    """The bytes of a model's weight files on disk (a local folder or the Hugging Face cache)."""
+    from pathlib import Path
+    folder = Path(name_or_path)
+    if not folder.exists():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            hit = try_to_load_from_cache(name_or_path, "config.json")
+        except Exception:
+            hit = None
+        if not isinstance(hit, str):
+            return 0
+        folder = Path(hit).parent
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def gpu_memory_problem(task, local_models, llm_device, adapter, mem_get_info=None):
+    """None if a local LLM (`local_models`, loaded on `llm_device` or by transformers from cuda:0
+    on) and the measure workers fit in cuda:0's free memory; else the one-line reason and fix.
+    A server on this machine (vLLM takes 90% of a GPU by default) shows up as memory already taken."""
+    import torch
+    mem_get_info = mem_get_info or torch.cuda.mem_get_info
+    free, total = mem_get_info(0)
+    workers = 2 * worker_gpu_bytes(task)  # the reference and the candidate's sandbox, side by side
+    shares = llm_device is None or torch.device(llm_device).index in (None, 0)
+    # Weights, plus a fifth for the KV cache and activations. An adapter on GPT-OSS needs its MXFP4
+    # experts dequantised to bf16: about three times the checkpoint.
+    llm = sum(weights_bytes(m) for m in local_models) * (3 if adapter else 1) * 1.2 if shares else 0
+    if llm + workers <= free:
+        return None
+    gib = 2 ** 30
+    need = (f"measuring {task} needs about {workers / gib:.0f} GiB (a reference and a candidate worker, "
+            f"estimated from its benchmark shapes)")
+    if llm:
+        return (f"cuda:0 has {free / gib:.0f} of {total / gib:.0f} GiB free; the local LLM needs about "
+                f"{llm / gib:.0f} GiB and {need}: put the LLM on another GPU with --llm-device cuda:1, or "
+                f"serve it (vllm serve ... --gpu-memory-utilization {max(0.1, (total - workers) / total * 0.9):.2f}) "
+                "and pass --server; --no-memory-check skips this check")
+    return (f"cuda:0 has {free / gib:.0f} of {total / gib:.0f} GiB free and {need}: if a vLLM server "
+            f"holds this GPU, restart it with --gpu-memory-utilization "
+            f"{max(0.1, (total - workers) / total * 0.9):.2f} or on another GPU (CUDA_VISIBLE_DEVICES); "
+            "--no-memory-check skips this check")

@@ -58,6 +58,12 @@ def do_bench_ms(fn, data):
     return triton.testing.do_bench(lambda: fn(data), warmup=25, rep=100, return_mode="median")
 
 
+def estimate_gib(task):
+    """search.py's start-up estimate of a measure worker's GPU memory, printed beside the measured peak."""
+    import search_setup
+    return search_setup.worker_gpu_bytes(task) / 2**30
+
+
 def peak_bandwidth(name):
     return next((bw for key, bw in measure.PEAK_BANDWIDTH.items() if key in name), None)
 
@@ -309,7 +315,7 @@ def main():
         kernels = [seed_path("cross_entropy")] + variant_paths("cross_entropy")
         emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
         emit("")
-        emit("| kernel | status | geomean speedup | reference worker peak GiB | " + " | ".join(
+        emit("| kernel | status | geomean speedup | reference worker peak GiB (search's estimate) | " + " | ".join(
             f"V={c['V']} ms (measure / do_bench / ratio) | V={c['V']} GB/s at 4BV" for c in task.BENCHMARK_CASES) + " |")
         emit("|" + "---|" * (4 + 2 * len(task.BENCHMARK_CASES)))
         best = None
@@ -317,7 +323,7 @@ def main():
             m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
                                 unsafe_no_sandbox=args.unsafe_no_sandbox)
             cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-",
-                     f"{m.reference_peak_gb:.1f}" if m.reference_peak_gb else "-"]
+                     (f"{m.reference_peak_gb:.1f}" if m.reference_peak_gb else "-") + f" ({estimate_gib('cross_entropy'):.1f})"]
             if m.status == "ok":
                 fn = load_kernel(path)
                 for case, row in zip(task.BENCHMARK_CASES, m.cases):
@@ -359,7 +365,7 @@ def main():
     if others:
         emit("### other tasks: seed and variants through measure.py at benchmark shapes")
         emit("")
-        emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | reference worker peak GiB | wall s |")
+        emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | reference worker peak GiB (search's estimate) | wall s |")
         emit("|---|---|---|---|---|---|---|")
         for name in others:
             for path in [seed_path(name)] + variant_paths(name):
@@ -367,7 +373,8 @@ def main():
                                     unsafe_no_sandbox=args.unsafe_no_sandbox)
                 per_case = ", ".join(f"{r['candidate_ms']:.3f} (±{r['candidate_spread']:.0%})" for r in m.cases) or m.message[:80]
                 emit(f"| {name} | {path.stem} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | "
-                     f"{per_case} | {f'{m.reference_peak_gb:.1f}' if m.reference_peak_gb else '-'} | {m.wall_s} |")
+                     f"{per_case} | {f'{m.reference_peak_gb:.1f}' if m.reference_peak_gb else '-'} ({estimate_gib(name):.1f}) | "
+                     f"{m.wall_s} |")
                 torch.cuda.empty_cache()
         emit("")
         t = took(t)

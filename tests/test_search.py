@@ -771,3 +771,31 @@ def test_fast_1_is_the_share_of_candidates_correct_and_faster(tmp_path):
     faster = sum(v is not None and v > 1 for v in results)
     assert 0 < faster < 10 and None in results  # the run mixes failures, slow and fast kernels
     assert summary["fast_1"] == faster / 10
+
+# ---- the GPU's memory: one GPU, two tenants (checked with made-up memory figures) --------------
+
+def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
+    import search_setup
+    gib = 2 ** 30
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model-00001.safetensors", "wb") as f:  # a sparse 13 GiB checkpoint (GPT-OSS-20B's MXFP4 size)
+        f.truncate(13 * gib)
+    assert search_setup.weights_bytes(str(model)) == 13 * gib
+    workers = 2 * search_setup.worker_gpu_bytes("cross_entropy")
+    assert 10 * gib < workers < 60 * gib  # a reference and a candidate, each a block of B x V logits
+    busy = lambda device: (60 * gib, 80 * gib)  # noqa: E731 - an 80 GB card with 20 GiB taken
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
+    # With an adapter the experts are dequantised to bf16 (~3x): no longer fits beside the workers.
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, True, mem_get_info=busy)
+    assert msg and "--llm-device cuda:1" in msg and "--server" in msg and len(msg.splitlines()) == 1
+    # The LLM on another GPU: the measurement GPU holds only the workers.
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], "cuda:1", True, mem_get_info=busy) is None
+    # A vLLM server holding 90% of an H200: the workers no longer fit, and the fix is named.
+    h200_served = lambda device: (14 * gib, 141 * gib)  # noqa: E731
+    msg = search_setup.gpu_memory_problem("cross_entropy", [], None, False, mem_get_info=h200_served)
+    assert msg and "--gpu-memory-utilization" in msg
+    util = float(msg.split("--gpu-memory-utilization ")[1].split()[0])
+    assert 141 * gib * (1 - util) >= workers  # what the message suggests leaves the workers room
+    # The small GDN tasks fit beside the same server.
+    assert search_setup.gpu_memory_problem("gdn_chunk_fwd_h", [], None, False, mem_get_info=h200_served) is None
