@@ -301,10 +301,19 @@ def _fmt(x, width=7, digits=3):
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.{digits}f}"
 
 
+def _header(name):
+    cols = ("n", "parse", "acc", "acc±1", "brier", "crps", "nll", "ece", "aurc", "r@50%", "SR")
+    return [f"== {name}", f"{'':<20}" + "".join(f"{c:>7}" for c in cols)]
+
+
+def _discovery_line(d):
+    return (f"discovery (>= 1.414x) at tau {d['tau']}: precision {_fmt(d['precision'], 0)}, recall "
+            f"{_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)} ({d['discoveries']} of {d['n']} pairs)")
+
+
 def format_report(name, rep):
     """A readable table in the spirit of the paper's: overall, per task, budgets, repeats."""
-    cols = ("n", "parse", "acc", "acc±1", "brier", "crps", "nll", "ece", "aurc", "r@50%", "SR")
-    lines = [f"== {name}", f"{'':<20}" + "".join(f"{c:>7}" for c in cols)]
+    lines = _header(name)
 
     def line(label, s):
         sr = s["speedup_recovered"]["mean"] if s.get("speedup_recovered") else None
@@ -331,17 +340,13 @@ def format_report(name, rep):
                            for k in r["mean"] if r["mean"][k] is not None)
         lines.append(f"over {r['n']} repeats (mean ± std): {spread}")
     if "discovery" in rep:
-        d = rep["discovery"]
-        lines.append(f"discovery (>= 1.414x) at tau {d['tau']}: precision {_fmt(d['precision'], 0)}"
-                     f", recall {_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)}"
-                     f" ({d['discoveries']} of {d['n']} pairs)")
+        lines.append(_discovery_line(rep["discovery"]))
     return "\n".join(lines)
 
 
 def format_paper_report(name, rep):
     """The paper protocol's table: overall, per task, per repeat and the mean over repeats."""
-    cols = ("n", "parse", "acc", "acc±1", "brier", "crps", "nll", "ece", "aurc", "r@50%", "SR")
-    lines = [f"== {name}", f"{'':<20}" + "".join(f"{c:>7}" for c in cols)]
+    lines = _header(name)
 
     def line(label, s):
         vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
@@ -354,10 +359,7 @@ def format_paper_report(name, rep):
         lines += [line(f"  repeat {k}", s) for k, s in rep["repeats"]["per_repeat"].items()]
         lines.append(line("  mean of repeats", rep["repeats"]["mean"]))
     if "discovery" in rep:
-        d = rep["discovery"]
-        lines.append(f"discovery (>= 1.414x) at tau {d['tau']}: precision {_fmt(d['precision'], 0)}"
-                     f", recall {_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)}"
-                     f" ({d['discoveries']} of {d['n']} pairs)")
+        lines.append(_discovery_line(rep["discovery"]))
     return "\n".join(lines)
 
 
