@@ -16,8 +16,9 @@ measure.measure() unchanged (the same sandbox, verification and clock on every w
                 measure.py on the node that Ray picks (sandbox included) and sends its result back.
                 A task whose worker or node dies is retried once elsewhere, then labelled `crashed`.
 
-Both answer submit(task, source) with a concurrent.futures.Future of a dict: the measurement,
-the worker that ran it, and when it started and ended (time.time() on the worker's machine).
+Both answer submit(task, source, **measure_kwargs) with a concurrent.futures.Future of a dict:
+the measurement, the worker that ran it, and when it started and ended (time.time() on the
+worker's machine). measure_fn (default measure.measure) is what a worker calls.
 
 What may overlap. Two timings on one GPU spoil both, and a candidate's code (its import, its JIT
 compile, its correctness calls) runs on the GPU it is given: a hostile candidate could slow a
@@ -71,9 +72,8 @@ class MeasurePool:
     """Pool workers in this process, one per device (see the module docstring). submit() queues a
     candidate; the first free worker takes it, so candidates start in the order they came."""
 
-    def __init__(self, devices, measure_fn=measure.measure, **measure_kwargs):
-        self.devices = list(devices)
-        self.measure_fn, self.measure_kwargs = measure_fn, measure_kwargs
+    def __init__(self, devices, measure_fn=None):
+        self.devices, self.measure_fn = list(devices), measure_fn
         self.names = [d if d.startswith("cuda") else f"cpu:{i}" for i, d in enumerate(self.devices)]
         cpu_workers = self.devices.count("cpu")
         self.note = (f"{cpu_workers} CPU workers share this machine's {os.cpu_count()} cores: their CPU "
@@ -88,23 +88,22 @@ class MeasurePool:
     def __len__(self):
         return len(self.devices)
 
-    def submit(self, task, source):
+    def submit(self, task, source, **measure_kwargs):
         future = concurrent.futures.Future()
-        self.jobs.put((future, task, source))
+        self.jobs.put((future, task, source, measure_kwargs))
         return future
 
     def _serve(self, name, device):
         """One pool worker: its device, one measurement at a time, until close()."""
-        gpu = int(device.split(":")[1]) if device.startswith("cuda") else None
-        kwargs = dict(self.measure_kwargs, device=device.split(":")[0], gpu=gpu)
+        pinned = dict(device=device.split(":")[0], gpu=int(device.split(":")[1]) if device.startswith("cuda") else None)
         try:
             while (job := self.jobs.get()) is not None:
-                future, task, source = job
+                future, task, source, kwargs = job
                 if not future.set_running_or_notify_cancel():
                     continue
                 started = time.time()
                 try:
-                    m = self.measure_fn(task, source, **kwargs)
+                    m = (self.measure_fn or measure.measure)(task, source, **kwargs, **pinned)
                 except BaseException as e:  # the trusted side failed, or bad usage: the caller decides
                     future.set_exception(e)
                     continue
@@ -114,11 +113,19 @@ class MeasurePool:
         finally:
             measure_sandbox.release_workers()  # from this thread, which started them
 
-    def close(self):
-        """Finish what was submitted, then end the workers and their processes."""
+    def close(self, wait=True):
+        """Cancel what no worker has started, end the workers and their processes once their
+        measurements are done (wait=False: without waiting for them; at exit, say)."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
         for _ in self.threads:
             self.jobs.put(None)
-        for t in self.threads:
+        for t in self.threads if wait else ():
             t.join()
 
     def __enter__(self):
@@ -154,9 +161,9 @@ class RayPool:
     `ray start --address HEAD:6379` on the other nodes), or a cluster's address. num_cpus: the
     CPUs a local cluster offers (default: all)."""
 
-    def __init__(self, address, measure_fn=measure.measure, num_cpus=None, **measure_kwargs):
+    def __init__(self, address, measure_fn=None, num_cpus=None):
         import ray
-        self.ray, self.measure_fn, self.measure_kwargs = ray, measure_fn, measure_kwargs
+        self.ray, self.measure_fn = ray, measure_fn or measure.measure
         self.owns_cluster = not ray.is_initialized()
         if self.owns_cluster:
             # The project's code travels to every node with the job (Ray's working_dir, which
@@ -176,10 +183,10 @@ class RayPool:
     def __len__(self):
         return self.workers
 
-    def submit(self, task, source):
+    def submit(self, task, source, **measure_kwargs):
         """The source travels in the task; the result (or the reason it was lost) comes back here."""
         ray, out, sent = self.ray, concurrent.futures.Future(), time.time()
-        ref = self.task.remote(self.measure_fn, task, source, self.measure_kwargs)
+        ref = self.task.remote(self.measure_fn, task, source, measure_kwargs)
         out.set_running_or_notify_cancel()
 
         def arrived(f):
@@ -198,7 +205,9 @@ class RayPool:
         ref.future().add_done_callback(arrived)
         return out
 
-    def close(self):
+    def close(self, wait=True):
+        """Leave the cluster (and stop it when this pool started it); tasks in flight are lost,
+        and a resumed search sends them again."""
         if self.owns_cluster:
             self.ray.shutdown()
 

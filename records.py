@@ -16,14 +16,17 @@ this module is their one home:
    anywhere else means the file was damaged, and we refuse rather than guess.
 4. The event log of a run: every expensive request and its result, one event per line,
    flushed and fsynced before the run goes on. A rerun replays the run and answers each request
-   that has a logged result from the log (search.py is such a run).
+   that has a logged result from the log (search.py is such a run). Requests may run
+   concurrently (submit): each result is logged the moment it arrives, whatever thread brings it.
 
 It imports nothing from the project and nothing outside the standard library, so every module,
 the trusted measurement harness included, can use it. The rows these files hold (training rows,
 prediction rows) are described in dataset.py.
 """
+import concurrent.futures
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -44,11 +47,12 @@ def cache_dir(name):
 
 def write_atomic(path, data):
     """Write text or bytes to `path` so that readers see the old file or the new one, never half
-    of one. The temporary file carries the process id: two processes writing the same entry
-    (two searches sharing a cache) never write into each other's temporary file."""
+    of one. The temporary file carries the process and thread ids: two processes or threads writing
+    the same entry (two searches sharing a cache, two measuring threads) never write into each
+    other's temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     if isinstance(data, str):
         tmp.write_text(data, encoding="utf-8")
     else:
@@ -103,8 +107,8 @@ class EventLog:
     time) per line, flushed and fsynced before the run goes on. Opening it reads the events already
     there, dropping a torn last line; a corrupt line anywhere else is refused (RecordError).
 
-    A rerun replays the run from its start, and call() answers every request a previous run got a
-    result for from the log: only the work the crash interrupted is done again."""
+    A rerun replays the run from its start, and call() and submit() answer every request a previous
+    run got a result for from the log: only the work the crash interrupted is done again."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -116,16 +120,18 @@ class EventLog:
                         if e["kind"] != "request"}  # what a replay answers from
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")
+        self._lock = threading.Lock()  # results of concurrent requests arrive on other threads
 
     def append(self, kind, step, request_id, parent_id, payload):
         event = dict(kind=kind, step=step, request_id=request_id, parent_id=parent_id,
                      payload=payload, time=time.time())
-        self._file.write(json.dumps(event, default=str) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self.events.append(event)
-        if kind != "request":
-            self.results[(kind, request_id)] = payload
+        with self._lock:
+            self._file.write(json.dumps(event, default=str) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self.events.append(event)
+            if kind != "request":
+                self.results[(kind, request_id)] = payload
         return event
 
     def call(self, kind, request_id, step, parent_id, fn):
@@ -137,6 +143,28 @@ class EventLog:
         payload = json.loads(json.dumps(fn(), default=str))  # live and replayed runs see the same types
         self.append(kind, step, request_id, parent_id, payload)
         return payload
+
+    def submit(self, kind, request_id, step, parent_id, send):
+        """call() for a request that runs while the run goes on: send() starts it and returns a
+        concurrent.futures.Future. The request is logged before it is sent and its result the
+        moment it arrives, so a crash loses no result that came back. Returns a Future of the
+        logged result (done at once when the log has it); a request that fails logs no result."""
+        out = concurrent.futures.Future()
+        if (kind, request_id) in self.results:
+            out.set_result(self.results[(kind, request_id)])
+            return out
+        self.append("request", step, request_id, parent_id, {"what": kind})
+
+        def arrived(f):
+            try:
+                payload = json.loads(json.dumps(f.result(), default=str))
+                self.append(kind, step, request_id, parent_id, payload)
+            except BaseException as e:  # the request failed or was cancelled: the caller decides
+                out.set_exception(e)
+            else:
+                out.set_result(payload)
+        send().add_done_callback(arrived)
+        return out
 
     def note(self, kind, request_id, step, parent_id, payload):
         """A derived event (what the run decided from its results): written once; a replay that

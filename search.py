@@ -19,7 +19,12 @@ Then every step of the search runs these phases, in this order (Search.run):
   5. Measure. measure.py measures the chosen children; the reward is the geomean speedup over the
      reference. Each success is a training row for the forecaster (training_rows.jsonl) and a
      label for the confidence gate: the search's measurements train the forecaster that gates
-     the next search.
+     the next search. Measurements run concurrently, one per device (measure_pool.py: every GPU
+     of the machine, --workers on CPU, or a Ray cluster with --ray): a parent's children are sent
+     off as soon as they are chosen, and the next parent is mutated and forecast meanwhile; the
+     results are taken in the order they were sent, so the archive does not depend on which
+     measurement finishes first. The confidence gate with a learnt threshold waits for the
+     labels of the step's earlier parents before it decides, as if measured one at a time.
   6. Update. The successful children enter the archive (failures count as visits only), the step
      is logged and the run's outputs are rewritten.
 
@@ -36,8 +41,9 @@ atomically after every step (records.py). --compare runs the gated and the ungat
 with the same budget (the paper's Figure 4).
 
 Decisions this file documents:
-  - Budget: --budget counts measurements of *candidates*. The seed is measured once before the
-    search as its root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
+  - Budget: --budget counts measurements of *candidates*, counted when sent (so those in flight
+    count too: never more than --budget). The seed is measured once before the search as its
+    root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
   - The forecaster forecasts speedup over the task's reference (the seed code is the anchor), so
     "predicts a gain over its parent" means E[log2 S] under the forecast exceeds log2 of the
     parent's measured reward. bins.BIN_LOG2_SPEEDUP gives each bin's log-speedup.
@@ -48,8 +54,10 @@ Decisions this file documents:
     --measure-per-parent candidates per parent are measured in both gated modes.
   - Resume: every request and result is a line in OUT/events.jsonl. A rerun replays the search
     from the start, answering each request from the log; only requests without a logged result
-    are issued again. Mutation, forecast and measurement results are all logged, so the replay
-    rebuilds the same archive without calling an LLM or a GPU. The options are stored in a config
+    are issued again. Mutation, forecast and measurement results are all logged (a measurement's
+    the moment it arrives, with the worker that ran it and when), so the replay rebuilds the same
+    archive without calling an LLM or a GPU, and a crash in the middle of a parallel step loses
+    no result that came back. The options are stored in a config
     event; a rerun with different ones is refused, except --steps and --budget, which may grow to
     extend a finished search. Models load on their first use, so resuming a finished run loads none.
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
@@ -149,6 +157,13 @@ class Args:
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
                                choices=("benchmark", "cpu"), logged=True)
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
+    devices: str = flag("all", "GPUs that measure, one candidate at a time each: all, or indices such as "
+                          "0,1,3 (on a machine without a GPU: see --workers)")
+    workers: int | None = flag(None, "measurements at once: on CPU N interpreter workers (default 1; their "
+                                 "CPU timings disturb each other), on a GPU machine the first N of --devices")
+    ray: str | None = flag(None, "measure on a Ray cluster instead, one task per measurement asking for a GPU "
+                             "(on CPU a CPU): auto joins the cluster this machine belongs to (`ray start`), "
+                             "local starts one here, or a cluster's address")
     unsafe_no_sandbox: bool = flag(False, "measure candidates without measure.py's bubblewrap sandbox (for "
                                      "machines without user namespaces): LLM-written code then runs as you "
                                      "and can forge later measurements")
@@ -236,14 +251,15 @@ class Search:
     """One PUCT search writing into out_dir. args: the options with setup()'s choices filled in
     (budget, mutations and scale numbers and names; mutator the mutator's name). All collaborators
     are injected so tests can script them: mutator.propose(parent, n, seen, key),
-    measure_fn(task, source, **measure_kwargs) -> object with to_dict(),
+    pool.submit(task, source, **measure_kwargs) -> a Future of {measurement: dict, worker,
+    started, ended, seconds} (measure_pool.py; a MeasurePool around a scripted measure function),
     forecaster.forecast_many(task, anchor_code, codes) -> objects with probs, parse_failed and
     to_dict(). forecaster_name is recorded in the event log (one log holds one search)."""
 
-    def __init__(self, args, out_dir, *, seed_code, mutator, measure_fn, forecaster=None,
+    def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
                  forecaster_name="", measure_kwargs=None, progress=True, say=print):
         self.args, self.out = args, Path(out_dir)
-        self.seed_code, self.mutator, self.measure_fn = seed_code, mutator, measure_fn
+        self.seed_code, self.mutator, self.pool = seed_code, mutator, pool
         self.forecaster, self.forecaster_name = forecaster, forecaster_name
         self.measure_kwargs, self.progress, self.say = dict(measure_kwargs or {}), progress, say
         if args.gate != "none" and forecaster is None:
@@ -257,7 +273,7 @@ class Search:
         a, t_start = self.args, time.time()
         self._open_log()
         self.archive = Archive(c=a.c, capacity=a.capacity, keep_children=a.keep_children)
-        self.tally, self.labels, self.rows, self.curve = Tally(), [], [], []
+        self.tally, self.labels, self.rows, self.curve, self.in_flight = Tally(), [], [], [], []
         self._measure_seed()
         self.bar = _progress(a.budget, self.progress)
         for step in range(a.steps):
@@ -271,8 +287,12 @@ class Search:
                 parent, tag = self.archive.nodes[pid], f"s{step}p{k}"
                 cands = self.mutate(parent, step, k, tag)                   # 2. mutate
                 forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
+                if a.gate == "confidence" and a.threshold is None:
+                    self.collect(children)  # the gate learns from every label so far
                 chosen = self.gate(parent, cands, forecasts, step, tag)     # 4. gate
-                children[pid] = self.measure(chosen, cands, forecasts, step, parent)  # 5. measure
+                children[pid] = []
+                self.measure(chosen, cands, forecasts, step, parent)        # 5. measure: sent...
+            self.collect(children)                                          # ... and back
             self.update(step, parents, children, t_start)                    # 6. update
         self.bar.close()
         self._write_outputs(t_start, plot=True)
@@ -281,7 +301,7 @@ class Search:
 
     def _measure_seed(self):
         """The seed is the archive's root: the anchor of every forecast, not counted in the budget."""
-        res = self.log.call("measurement", "seed", -1, None, lambda: self._measure(self.seed_code))
+        res = self.log.submit("measurement", "seed", -1, None, lambda: self._send(self.seed_code)).result()
         self.tally.measurement_s += res["seconds"]
         m = res["measurement"]
         if m["status"] != "ok" or not m.get("speedup"):
@@ -375,28 +395,37 @@ class Search:
         return Gate.from_labelled(forecasts, true_bins, a.target_risk, a.delta, score=a.score)
 
     def measure(self, chosen, cands, forecasts, step, parent):
-        """5. Measure the chosen candidates; returns the successful ones as archive children."""
-        kids, t = [], self.tally
+        """5. Send the chosen candidates to the measurement pool; collect() takes the results. Each
+        counts against the budget from the moment it is sent."""
         for j in chosen:
             cid, code = cands[j]
-            res = self.log.call("measurement", cid, step, parent.id, lambda: self._measure(code))
-            t.measurements += 1
+            result = self.log.submit("measurement", cid, step, parent.id, lambda code=code: self._send(code))
+            result.add_done_callback(lambda _: self.bar.update(1))
+            self.tally.measurements += 1
+            forecast = forecasts[j] if forecasts else None
+            self.in_flight.append((result, cid, code, forecast, parent, self.tally.measurements))
+
+    def collect(self, children):
+        """5. The results of the measurements in flight, taken in the order they were sent: the
+        successful children join children[parent], each success is a training row and a label."""
+        t = self.tally
+        for result, cid, code, forecast, parent, n in self.in_flight:
+            res = result.result()
             t.measurement_s += res["seconds"]
-            self.bar.update(1)
             m = res["measurement"]
             ok = m["status"] == "ok" and bool(m.get("speedup"))
             t.speedups.append(m["speedup"] if ok else None)
-            if forecasts and ok and not forecasts[j].parse_failed:  # a label for the gate
-                self.labels.append((forecasts[j], bins.speedup_to_bin(m["speedup"])))
+            if forecast is not None and ok and not forecast.parse_failed:  # a label for the gate
+                self.labels.append((forecast, bins.speedup_to_bin(m["speedup"])))
             if ok:
-                kids.append((cid, code, self.reward(m), {"result": _brief(m)}))
+                children[parent.id].append((cid, code, self.reward(m), {"result": _brief(m)}))
                 self._row(cid, code, m, "parent_edit")
                 self.best = max(self.best, m["speedup"])
             else:
                 t.failed_measurements += 1
                 parent.info["last_failure"] = _brief(m)
-            self.curve.append((t.measurements, self.best))
-        return kids
+            self.curve.append((n, self.best))
+        self.in_flight = []
 
     def update(self, step, parents, children, t_start):
         """6. The children enter the archive (PUCT's visit counts grow), the step is logged and the
@@ -450,10 +479,8 @@ class Search:
                   "record": f.to_dict()} for f in fs]
         return {"forecasts": views, "seconds": time.perf_counter() - t}
 
-    def _measure(self, code):
-        t = time.perf_counter()
-        m = self.measure_fn(self.args.task, code, **self.measure_kwargs)
-        return {"measurement": m.to_dict(), "seconds": time.perf_counter() - t}
+    def _send(self, code):
+        return self.pool.submit(self.args.task, code, **self.measure_kwargs)
 
     def summary(self, t_start):
         t, best = self.tally, self.archive.best()
@@ -524,14 +551,13 @@ def _progress(total, enabled):
 
 def run_one(args, gate, out, env, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
-    import measure
     import tasks
     args = replace(args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
                    mutations=args.mutations or (4 if gate == "none" else env.gated_mutations))
     say(f"search: {args.task}, gate {gate}, {args.mutations} mutations per parent, budget "
         f"{args.budget} measurements, {args.steps} steps x {args.parents} parents -> {out}")
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
-                    measure_fn=measure.measure, forecaster=env.forecaster,
+                    pool=env.pool, forecaster=env.forecaster,
                     forecaster_name=env.forecaster_name if gate != "none" else "",
                     measure_kwargs=env.measure_kwargs, progress=not args.no_progress, say=say)
     return search.run()
@@ -544,12 +570,13 @@ def _report(s):
 
 
 def main(argv=None):
+    env, interrupted = None, False
     try:
         args = parse_args(argv)
+        env = setup(args)
         if args.compare:
             gate = args.gate if args.gate != "none" else "topk"
             out = Path(args.out or f"runs/{args.task}-compare-{args.seed}")
-            env = setup(args)
             results = {arm: run_one(args, g, out / arm, env) for arm, g in (("ungated", "none"), ("gated", gate))}
             print(f"{'':10}{'considered':>12}{'measured':>10}{'skipped':>9}{'best':>9}")
             for arm, s in results.items():
@@ -559,7 +586,7 @@ def main(argv=None):
             print(f"wrote {out / 'compare.png'} and {out / 'compare.json'}")
         else:
             out = Path(args.out or f"runs/{args.task}-{args.gate}-{args.seed}")
-            summary = run_one(args, args.gate, out, setup(args))
+            summary = run_one(args, args.gate, out, env)
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
                   "training_rows.jsonl best_speedup.png")
@@ -567,8 +594,12 @@ def main(argv=None):
         print(f"search.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        interrupted = True
         print("search.py: interrupted; rerun the same command to resume from its events.jsonl", file=sys.stderr)
         return 130
+    finally:
+        if env is not None:  # measurements in flight when a search fails still finish and are logged
+            env.pool.close(wait=not interrupted)
     return 0
 
 

@@ -11,6 +11,9 @@ why, so a plain `python search.py --task cross_entropy` runs anywhere:
   embedded SmolLM2, which cannot judge kernels but exercises the pipeline;
 - the budget and the mutations per parent, smaller without an LLM or a GPU;
 - the sandbox: checked at start-up, not at the first measurement minutes later;
+- where measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N
+  workers on CPU (--workers), or tasks on a Ray cluster (--ray), whose devices then decide the
+  scale;
 - the GPU's memory: a local LLM and the measure workers (a reference and a candidate, each holding
   a block of the task's inputs) share it; if they cannot fit, say so at start-up with what to change.
 Models are named and checked here but built on first use (Lazy): a resumed run whose requests
@@ -41,6 +44,7 @@ class Setup:
     forecaster_name: str     # "" without a gate
     gated_mutations: int     # mutations per parent with a gate (--mutations unless set)
     measure_kwargs: dict     # scale, sandbox and timeout for measure.measure
+    pool: object             # measure_pool.MeasurePool or RayPool: where measurements run
 
 
 class Lazy:
@@ -66,8 +70,25 @@ def setup(args, say=print):
     """Pick the scale, the mutator and the forecaster for this machine, and say what was chosen."""
     import torch
 
+    import measure_pool
     import tasks
-    has_gpu = torch.cuda.is_available()
+    if args.ray:
+        if args.devices != "all" or args.workers:
+            raise SetupError("--ray lets Ray place each measurement on a GPU of the cluster; drop --devices and --workers")
+        try:
+            ray_pool = measure_pool.RayPool(args.ray)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise SetupError(f"--ray {args.ray}: cannot reach the cluster ({str(e).splitlines()[0][:200]}); start one "
+                             "with `ray start --head`, or pass --ray local") from None
+        has_gpu = ray_pool.device == "cuda"
+        say(f"measurement: Ray cluster ({args.ray}), {len(ray_pool)} {'GPUs' if has_gpu else 'CPUs'}, one task per "
+            "measurement" + (f"; {ray_pool.note}" if ray_pool.note else ""))
+    else:
+        has_gpu = torch.cuda.is_available()
+        try:
+            devices = measure_pool.pool_devices(args.devices, args.workers)
+        except ValueError as e:
+            raise SetupError(str(e)) from None
     scale = args.scale or ("benchmark" if has_gpu else "cpu")
     if scale == "benchmark" and not has_gpu:
         raise SetupError("--scale benchmark needs a CUDA GPU; drop it to measure at CPU scale")
@@ -146,16 +167,22 @@ def setup(args, say=print):
             measure_sandbox.require_sandbox()
         except measure_sandbox.SandboxUnavailable as e:
             raise SetupError(str(e)) from None
-    if scale == "benchmark" and not args.no_memory_check:
+    if scale == "benchmark" and not args.no_memory_check and not args.ray:  # Ray's tasks get GPUs of their own
         local = [m for m in (llm_name if llm is not None and not args.server else None, args.forecaster_model) if m]
         problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter))
         if problem:
             raise SetupError(problem)
     measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
         {"timeout_s": args.timeout} if args.timeout else {})
+    if args.ray:
+        pool = ray_pool
+    else:
+        pool = measure_pool.MeasurePool(devices)
+        say(f"measurement workers: {', '.join(pool.names)}" + (f" ({pool.note})" if pool.note else
+            " (one candidate at a time on each GPU)" if has_gpu else " (--workers N for more)"))
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
-                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs)
+                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool)
 
 
 # ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------

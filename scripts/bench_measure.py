@@ -100,10 +100,10 @@ def scaling(task, args):
     one = None
     for n in sizes:
         t0 = time.perf_counter()
-        with MeasurePool(pools[n], use_cache=False, quick=args.quick,
-                         unsafe_no_sandbox=args.unsafe_no_sandbox) as pool:
+        kwargs = dict(use_cache=False, quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
+        with MeasurePool(pools[n]) as pool:
             try:
-                results = [f.result() for f in [pool.submit(task, s) for s in sources]]
+                results = [f.result() for f in [pool.submit(task, s, **kwargs) for s in sources]]
             except (ValueError, measure.HarnessError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2

@@ -24,6 +24,7 @@ import pair_sampler
 from bins import speedup_to_bin
 from dataset import load_rows
 from forecaster_backends import Completion
+from measure_pool import MeasurePool
 from records import RecordError
 from pair_sampler import Group, sample_pairs, water_fill
 from search import Args, Search
@@ -66,8 +67,9 @@ class AppendMutator:
 
 def make_search(folder, task, budget=30):
     cfg = Args(task=task, gate="none", steps=20, budget=budget, mutations=4, mutator="append", scale="cpu")
-    Search(cfg, folder, seed_code=f"def custom_kernel(data):  # {task} seed\n    return data\n",
-           mutator=AppendMutator(), measure_fn=fake_measure, progress=False, say=lambda *a: None).run()
+    with MeasurePool(["cpu"], measure_fn=fake_measure) as pool:
+        Search(cfg, folder, seed_code=f"def custom_kernel(data):  # {task} seed\n    return data\n",
+               mutator=AppendMutator(), pool=pool, progress=False, say=lambda *a: None).run()
     return folder
 
 

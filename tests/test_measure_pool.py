@@ -1,10 +1,11 @@
 """Tests of measure_pool.py: several measurements at once, one per device, in this process or on
 a Ray cluster.
 
-Scheduling is tested with a fake measure function (it sleeps and records who ran it when); one
-test measures real candidates on two CPU workers through measure.py's sandbox; the Ray tests share
-one local cluster of 2 CPUs.
+Scheduling is tested with a fake measure function (it sleeps and records who ran it when), real
+measurements once on two CPU workers and once on a Ray node (measure.py's sandbox on each); the Ray
+tests share one local cluster of 2 CPUs, on which a small search runs.
 """
+import json
 import os
 import signal
 import sys
@@ -16,7 +17,7 @@ import pytest
 import measure_pool
 import measure_sandbox
 from measure_pool import MeasurePool, pool_devices
-from tasks import seed_source, variant_paths
+from tasks import seed_source, variant_sources
 
 TASK = "cross_entropy"
 
@@ -55,8 +56,8 @@ def most_at_once(spans):
 
 def test_pool_runs_one_measurement_per_worker_and_several_at_once():
     fake = SleepyMeasure()
-    with MeasurePool(["cuda:0", "cuda:1", "cuda:3"], measure_fn=fake, scale="benchmark") as pool:
-        futures = [pool.submit(TASK, f"kernel {i}") for i in range(9)]
+    with MeasurePool(["cuda:0", "cuda:1", "cuda:3"], measure_fn=fake) as pool:
+        futures = [pool.submit(TASK, f"kernel {i}", scale="benchmark") for i in range(9)]
         results = [f.result(timeout=30) for f in futures]
     assert sorted(r["measurement"]["source"] for r in results) == sorted(f"kernel {i}" for i in range(9))
     assert len(fake.calls) == 9  # each once
@@ -127,10 +128,10 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
 
 
 def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
-    sources = [seed_source(TASK)] + [p.read_text() for p in variant_paths(TASK) if p.stem == "torch_inplace"]
-    with MeasurePool(["cpu", "cpu"], use_cache=False, quick=True) as pool:
+    sources = [seed_source(TASK), variant_sources(TASK)["torch_inplace"]]  # plain PyTorch: seconds each
+    with MeasurePool(["cpu", "cpu"]) as pool:
         assert "disturb each other" in pool.note
-        results = [f.result(timeout=300) for f in [pool.submit(TASK, s) for s in sources]]
+        results = [f.result(timeout=300) for f in [pool.submit(TASK, s, use_cache=False, quick=True) for s in sources]]
         mine = getattr(measure_sandbox._THREAD, "workers", None)  # this thread's, from other tests
         pids = {w.proc.pid for ws in measure_sandbox._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
     assert [r["measurement"]["status"] for r in results] == ["ok", "ok"]
@@ -150,12 +151,48 @@ def cluster():
     pool.close()
 
 
-def test_ray_pool_measures_a_real_candidate_on_its_node_in_the_sandbox(cluster):
+def test_a_ray_node_measures_with_measure_py_in_its_sandbox(cluster):
+    """The source travels in the task; measure.py on the node boots its sandboxed workers, which
+    find the candidate's syntax error (a whole measurement is the same path, only longer)."""
     assert len(cluster) == 2 and cluster.device == "cpu"
-    pool = measure_pool.RayPool("local", use_cache=False, quick=True)  # on the running cluster
-    r = pool.submit(TASK, seed_source(TASK)).result(timeout=300)
-    assert r["measurement"]["status"] == "ok" and r["measurement"]["sandbox"] == "bubblewrap"
+    r = cluster.submit(TASK, "def custom_kernel(data):\n    return (\n", use_cache=False).result(timeout=300)
+    m = r["measurement"]
+    assert (m["status"], m["sandbox"]) == ("compile_error", "bubblewrap") and "SyntaxError" in m["message"]
     assert r["worker"].startswith("ray:") and r["ended"] > r["started"]
+
+
+def bits_in_pairs(task, source, *, meeting, **kw):
+    """Travels to the Ray workers by value: BitMeasure's reward (1 + ones). The first two candidates
+    wait for each other (so two measure at once, on two workers); the seed (no ones) waits for none."""
+    if "1" in source:
+        open(os.path.join(meeting, source.strip()), "w").close()
+        deadline = time.time() + 60
+        while len(os.listdir(meeting)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+
+    class Measured:
+        def to_dict(self):
+            return {"status": "ok", "speedup": 1.0 + source.count("1"), "message": "", "cases": []}
+    return Measured()
+
+
+def test_a_small_search_on_a_ray_local_cluster(cluster, tmp_path):
+    import ray
+
+    import search
+    from test_search import BitMutator, cfg
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake travels to the workers
+    pool = measure_pool.RayPool("local", measure_fn=bits_in_pairs)  # joins the running cluster
+    (tmp_path / "meeting").mkdir()
+    s = search.Search(cfg(budget=6), tmp_path / "ray", seed_code="00000000\n", mutator=BitMutator(), pool=pool,
+                      measure_kwargs={"meeting": str(tmp_path / "meeting")}, progress=False, say=lambda *a: None)
+    summary = s.run()
+    assert summary["measurements"] == 6 and summary["best_speedup"] > 1
+    events = [json.loads(line) for line in (tmp_path / "ray" / "events.jsonl").read_text().splitlines()]
+    results = [e["payload"] for e in events if e["kind"] == "measurement" and e["request_id"] != "seed"]
+    assert len(results) == 6 and all(r["worker"].startswith("ray:") for r in results)
+    assert len({r["worker"] for r in results}) == 2
+    assert most_at_once([(r["started"], r["ended"]) for r in results]) == 2  # the cluster's 2 CPUs
 
 
 def die_in_the_middle(task, source, *, attempts_file, **kw):
@@ -171,12 +208,12 @@ def test_a_ray_worker_killed_mid_task_is_retried_once_then_labelled_crashed(clus
     import ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake travels to the node
     attempts = tmp_path / "attempts"
-    pool = measure_pool.RayPool("local", measure_fn=die_in_the_middle, attempts_file=str(attempts))
-    doomed, fine = pool.submit(TASK, "doomed"), pool.submit(TASK, "fine")
+    pool = measure_pool.RayPool("local", measure_fn=die_in_the_middle)
+    doomed, fine = [pool.submit(TASK, source, attempts_file=str(attempts)) for source in ("doomed", "fine")]
     lost, ok = doomed.result(timeout=120), fine.result(timeout=120)
     assert ok["measurement"] == {"status": "ok", "speedup": 1.0, "source": "fine", "device": None, "gpu": None}
     assert lost["measurement"]["status"] == "crashed"
     assert "lost 2 times" in lost["measurement"]["message"]
     assert len(attempts.read_text().split()) == 2  # the first try and one retry, in two workers
-    after = pool.submit(TASK, "fine").result(timeout=120)  # the cluster goes on
+    after = pool.submit(TASK, "fine", attempts_file=str(attempts)).result(timeout=120)  # the cluster goes on
     assert after["measurement"]["status"] == "ok"

@@ -5,9 +5,12 @@ forecaster, deterministic mutators), so they need neither a GPU nor an LLM. The 
 run the real main command on CPU: one with real measurements, then its resume; one gated, with a
 fake embedded forecaster, to check that resuming a finished run loads no model.
 """
+import hashlib
 import json
 import math
 import random
+import threading
+import time
 
 import pytest
 
@@ -17,6 +20,7 @@ import selective
 from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, mutation_messages,
                       set_tunable, tunables)
 from forecaster import Gate
+from measure_pool import MeasurePool
 from puct import Archive, Node
 from search import Args, Search, SearchError, as_forecast, predicts_gain
 from search_setup import Setup
@@ -114,11 +118,13 @@ def cfg(**kw):
     return Args(**base)
 
 
-def run(tmp_path, name="run", seed_code="00000000\n", measure=None, forecaster=None, mutator=None, **kw):
+def run(tmp_path, name="run", seed_code="00000000\n", measure=None, forecaster=None, mutator=None,
+        workers=1, **kw):
     measure = measure or BitMeasure()
-    s = Search(cfg(**kw), tmp_path / name, seed_code=seed_code, mutator=mutator or BitMutator(),
-               measure_fn=measure, forecaster=forecaster, progress=False, say=lambda *a: None)
-    return s, s.run(), measure
+    with MeasurePool(["cpu"] * workers, measure_fn=measure) as pool:
+        s = Search(cfg(**kw), tmp_path / name, seed_code=seed_code, mutator=mutator or BitMutator(),
+                   pool=pool, forecaster=forecaster, progress=False, say=lambda *a: None)
+        return s, s.run(), measure
 
 
 # ---- PUCT maths on hand-checked archives --------------------------------------------------------
@@ -356,6 +362,9 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, gate):
     first = BitMeasure(crash_after=5)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(tmp_path, "crashy", measure=first, forecaster=ScriptedForecaster(ones_forecast), **kw)
+    crashed = [json.loads(l) for l in (tmp_path / "crashy" / "events.jsonl").read_text().splitlines()]
+    unanswered = {e["request_id"] for e in crashed if e["kind"] == "request"} - \
+        {e["request_id"] for e in crashed if e["kind"] != "request"}
     second = BitMeasure()
     again, summary, _ = run(tmp_path, "crashy", measure=second, forecaster=ScriptedForecaster(ones_forecast), **kw)
 
@@ -366,9 +375,10 @@ def test_kill_and_resume_matches_an_uninterrupted_run(tmp_path, gate):
     rids = [e["request_id"] for e in events if e["kind"] == "measurement"]
     assert len(rids) == len(set(rids))
     assert all(set(e) == {"kind", "step", "request_id", "parent_id", "payload", "time"} for e in events)
-    # The crashed request was logged without a result, then issued again.
+    # The crashed request, and the rest of its step's measurements sent with it, were logged
+    # without a result, then issued again, once each.
     reqs = [e["request_id"] for e in events if e["kind"] == "request"]
-    assert len(reqs) == len(set(reqs)) + 1
+    assert unanswered and len(reqs) == len(set(reqs)) + len(unanswered)
 
 
 def test_rerun_of_a_finished_run_measures_nothing(tmp_path):
@@ -476,6 +486,124 @@ def test_outputs_and_training_rows(tmp_path):
 def test_seed_that_fails_to_measure_stops_with_a_clear_error(tmp_path):
     with pytest.raises(SearchError, match="seed kernel did not measure ok"):
         run(tmp_path, seed_code="x0000\n")
+
+
+# ---- measuring in parallel ------------------------------------------------------------------------
+
+class SlowBitMeasure(BitMeasure):
+    """BitMeasure that takes 20 to 80 ms, by the code's hash: results arrive out of order. Records
+    each call's interval and the most calls that ran at once."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, task, source, **kw):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.02 + int(hashlib.sha256(source.encode()).hexdigest(), 16) % 7 / 100)
+        try:
+            return super().__call__(task, source, **kw)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def measurement_events(out):
+    events = [json.loads(l) for l in (out / "events.jsonl").read_text().splitlines()]
+    return events, [e for e in events if e["kind"] == "measurement" and e["request_id"] != "seed"]
+
+
+@pytest.mark.parametrize("gate", ["none", "topk", "confidence"])
+def test_parallel_search_keeps_the_budget_and_builds_the_serial_archive(tmp_path, gate):
+    kw = dict(gate=gate, budget=11, mutations=6 if gate != "none" else 4, measure_per_parent=3, min_labels=3,
+              forecaster=ScriptedForecaster(ones_forecast))
+    serial, serial_summary, _ = run(tmp_path, "serial", **kw)
+    fast = SlowBitMeasure()
+    par, summary, _ = run(tmp_path, "parallel", measure=fast, workers=3, **kw)
+    assert par.archive.to_dict() == serial.archive.to_dict()  # whatever order results arrived in
+    assert summary["best_vs_measurements"] == serial_summary["best_vs_measurements"]
+    assert summary["measurements"] == 11 and len(fast.calls) == 12 == len(set(fast.calls))  # + the seed
+    events, results = measurement_events(tmp_path / "parallel")
+    sent = [e for e in events if e["kind"] == "request" and e["payload"]["what"] == "measurement"]
+    assert len(sent) == 12 and len(results) == 11  # never more sent than the budget
+    assert fast.most == 3  # several at once, never more than the workers
+    spans = {}
+    for e in results:
+        p = e["payload"]
+        assert p["measurement"]["status"] == "ok" and p["ended"] >= p["started"]
+        spans.setdefault(p["worker"], []).append((p["started"], p["ended"]))
+    assert set(spans) == {"cpu:0", "cpu:1", "cpu:2"}
+    for intervals in spans.values():  # one measurement at a time on each worker
+        intervals.sort()
+        assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:]))
+    if gate != "none":  # a parent is forecast while the children of the one before are measured
+        at = {(e["kind"], e["request_id"]): i for i, e in enumerate(events)}
+        assert any(at.get(("forecast", f"s{e['step']}p1/forecast"), len(events)) < at[("measurement", e["request_id"])]
+                   for e in results if e["request_id"].startswith(f"s{e['step']}p0c"))
+
+
+def test_replay_of_a_parallel_log_rebuilds_the_same_archive(tmp_path):
+    first, summary, _ = run(tmp_path, measure=SlowBitMeasure(), workers=3, gate="topk", mutations=6,
+                            forecaster=ScriptedForecaster(ones_forecast))
+    log = (tmp_path / "run" / "events.jsonl").read_text()
+    again, resumed, measure = run(tmp_path, measure=BitMeasure(crash_after=0), gate="topk", mutations=6,
+                                  forecaster=ScriptedForecaster(ones_forecast))
+    assert again.archive.to_dict() == first.archive.to_dict() and measure.calls == []
+    assert (tmp_path / "run" / "events.jsonl").read_text() == log
+    assert resumed["best_vs_measurements"] == summary["best_vs_measurements"]
+
+
+KILLED_SEARCH = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import conftest
+from test_search import BitMutator, SlowBitMeasure, cfg
+from measure_pool import MeasurePool
+from search import Search
+
+with MeasurePool(["cpu", "cpu"], measure_fn=SlowBitMeasure()) as pool:
+    Search(cfg(budget=12, steps=50), {out!r}, seed_code="00000000\\n", mutator=BitMutator(), pool=pool,
+           progress=False, say=lambda *a: None).run()
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_in_the_middle_of_a_parallel_step_loses_nothing_and_measures_nothing_twice(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    out = tmp_path / "killed"
+    script = KILLED_SEARCH.format(tests=str(tests), root=str(tests.parent), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        while True:  # until the second step has results in, and requests still in flight
+            assert proc.poll() is None, "the search ended before it was killed"
+            if (out / "events.jsonl").exists():
+                events, results = measurement_events(out)
+                if len(results) >= 6:
+                    break
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    events, before = measurement_events(out)
+    requested = [e["request_id"] for e in events if e["kind"] == "request" and e["request_id"] != "seed"]
+    assert len(requested) > len(before)  # killed with measurements in flight
+    measured_before = {e["request_id"] for e in before}
+
+    serial, _, _ = run(tmp_path, "serial", budget=12)
+    resume = BitMeasure()
+    again, summary, _ = run(tmp_path, "killed", measure=resume, budget=12)
+    assert again.archive.to_dict() == serial.archive.to_dict() and summary["measurements"] == 12
+    events, results = measurement_events(out)
+    ids = [e["request_id"] for e in results]
+    assert len(ids) == len(set(ids)) == 12  # every candidate measured once, none lost
+    assert len(resume.calls) == 12 - len(measured_before)  # only what had no result was measured again
 
 
 # ---- mutators -----------------------------------------------------------------------------------
@@ -630,6 +758,30 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     assert (again["measurements"], again["best_speedup"]) == (1, summary["best_speedup"])
 
 
+def test_main_command_measures_on_two_cpu_workers_at_once(tmp_path, capsys, monkeypatch):
+    import tasks
+    monkeypatch.setattr(tasks, "seed_source", lambda name: "00000000\n")
+    monkeypatch.setattr(tasks, "variant_sources", lambda name: {f"v{i}": "0" * i + "1" * (8 - i) + "\n" for i in range(8)})
+    monkeypatch.setattr("measure.measure", SlowBitMeasure())
+    out = tmp_path / "two"
+    rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "6",
+                      "--workers", "2", "--scale", "cpu", "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "measurement workers: cpu:0, cpu:1 (2 CPU workers share" in captured.out
+    events, results = measurement_events(out)
+    assert len(results) == 6 == len({e["request_id"] for e in results})  # exactly 6, none twice
+    spans = {}
+    for e in results:
+        spans.setdefault(e["payload"]["worker"], []).append((e["payload"]["started"], e["payload"]["ended"]))
+    assert set(spans) == {"cpu:0", "cpu:1"}
+    for intervals in spans.values():  # one at a time on each worker
+        intervals.sort()
+        assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:]))
+    (a0, a1), (b0, b1) = spans["cpu:0"][0], spans["cpu:1"][0]
+    assert a0 < b1 and b0 < a1  # the two workers measured at the same time
+
+
 class FakeEmbeddedBackend:
     """Stands in for the embedded SmolLM2 under the logits read-out; counts how often it is built."""
 
@@ -683,7 +835,8 @@ def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypat
     pytest.importorskip("measure")
     measure = BitMeasure()
     env = Setup(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
-                forecaster_name="scripted", budget=8, gated_mutations=12, measure_kwargs={})
+                forecaster_name="scripted", budget=8, gated_mutations=12, measure_kwargs={},
+                pool=MeasurePool(["cpu"]))
     monkeypatch.setattr(search, "setup", lambda args, say=print: env)
     monkeypatch.setattr("measure.measure", measure)
     monkeypatch.setattr("tasks.seed_source", lambda name: "0" * 16 + "\n")
