@@ -22,12 +22,15 @@ import numpy as np
 
 N_BINS = 8
 BIN_EDGES = tuple(2.0 ** (k / 2) for k in range(-2, 5))  # 0.5, 0.707, 1, 1.414, 2, 2.828, 4
+# Names that fit the intervals: bins 1-3 are slowdowns, bin 4 [1, 1.41x) is parity to a slight
+# speedup, bins 5-8 are speedups. (The original named bin 4 "minor slowdown": its prompt's table
+# had other intervals than its labels; forecast_prompt.py shows that table under --protocol paper.)
 BIN_NAMES = (
     "severe slowdown",
     "significant slowdown",
-    "moderate slowdown",
-    "minor slowdown",
-    "minor speedup",
+    "slight slowdown",
+    "parity to slight speedup",
+    "moderate speedup",
     "significant speedup",
     "high speedup",
     "extreme speedup",

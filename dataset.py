@@ -13,8 +13,9 @@ reads the files; this module says what a row holds):
   parent. load_rows reads all three and recomputes every row's true bin from its speedup: bins.py
   is the one bin definition, and a stated bin that disagrees is overruled with a warning.
 - Prediction row: one forecast of one row: id, task, model, readout, repeat, probs (8 floats, or
-  null on a parse failure), parse_failed, parse_error, stated_bin, predicted_bin, raw_sum,
-  true_speedup, true_bin, tokens_in, tokens_out, seconds, reasoning. forecaster.py's --eval and
+  null on a parse failure or a deferral), parse_failed, parse_error, deferred (the model declined
+  to forecast: the abstain variant), stated_bin, predicted_bin, raw_sum, true_speedup, true_bin,
+  tokens_in, tokens_out, seconds, attempts, reasoning. forecaster.py's --eval and
   train_grpo.py's evaluation write them (prediction_row); metrics.py scores them.
 - The paper's published predictions, another format (`bin_probabilities` as a list of {bin, p},
   `parse_failed`, joined with the eval-set rows on `comparison_id`). load_predictions reads ours
@@ -112,10 +113,11 @@ def prediction_row(row, forecast, repeat, **override):
     return dict(id=row["row_id"], task=row["pack"], model=f["model"], readout=f["readout"],
                 repeat=repeat, probs=None if f["probs"] is None else [float(p) for p in f["probs"]],
                 parse_failed=bool(f["parse_failed"]), parse_error=f["parse_error"],
+                deferred=bool(f.get("deferred", False)),
                 stated_bin=f["stated_bin"], predicted_bin=f["predicted_bin"], raw_sum=f["raw_sum"],
                 true_speedup=float(row["aggregated_speedup"]), true_bin=row["true_bin"],
                 tokens_in=f["tokens_in"], tokens_out=f["tokens_out"], seconds=f["seconds"],
-                reasoning=f["reasoning"])
+                attempts=f.get("attempts", 1), reasoning=f["reasoning"])
 
 
 def written_predictions(path):
@@ -129,9 +131,9 @@ def written_predictions(path):
 
 # ---- reading prediction files ----------------------------------------------------------------
 # One normalised row per forecast, whichever format it came from:
-#   id, task, model, readout, repeat, probs (8 floats summing to 1, or None on a parse failure),
-#   parse_failed, parse_error, stated_bin, predicted_bin (the bin scored), raw_sum, true_bin,
-#   true_speedup (None when only the bin is known), where ("file:line").
+#   id, task, model, readout, repeat, probs (8 floats summing to 1, or None on a parse failure or a
+#   deferral), parse_failed, parse_error, deferred, stated_bin, predicted_bin (the bin scored),
+#   raw_sum, true_bin, true_speedup (None when only the bin is known), where ("file:line").
 
 def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -190,12 +192,12 @@ def _truth(obj, where, speedup_key, bin_key, fix):
 
 
 def _row(where, *, rid, task, model, readout, repeat, probs, raw_sum, failed, error, stated,
-         truth, bin_rule):
+         truth, bin_rule, deferred=False):
     if not isinstance(task, str) or not task:
         _fail(where, "missing field 'task' (or 'pack'): the task this forecast is for")
     if repeat is not None and (not _is_number(repeat) or repeat != int(repeat)):
         _fail(where, f"repeat must be an integer or null, got {repeat!r}")
-    if failed:
+    if failed or deferred:
         probs = raw_sum = predicted = None
     else:
         predicted = predicted_bin(probs)
@@ -204,7 +206,7 @@ def _row(where, *, rid, task, model, readout, repeat, probs, raw_sum, failed, er
     return {"id": rid, "task": task, "model": str(model), "readout": readout,
             "repeat": None if repeat is None else int(repeat), "probs": probs,
             "parse_failed": bool(failed), "parse_error": error if failed else None,
-            "stated_bin": stated, "predicted_bin": predicted,
+            "deferred": bool(deferred) and not failed, "stated_bin": stated, "predicted_bin": predicted,
             "raw_sum": None if raw_sum is None else float(raw_sum),
             "true_bin": truth[0], "true_speedup": truth[1], "where": where}
 
@@ -218,8 +220,11 @@ def _failed_flag(obj, where):
 
 def _our_row(obj, where, bin_rule):
     failed = _failed_flag(obj, where)
+    deferred = obj.get("deferred", False)
+    if not isinstance(deferred, bool):
+        _fail(where, f"deferred must be true or false, got {deferred!r}")
     probs = raw = stated = None
-    if not failed:
+    if not failed and not deferred:
         if obj.get("probs") is None:
             _fail(where, "missing field 'probs' (8 probabilities); set parse_failed: true if the "
                          "answer could not be parsed")
@@ -232,7 +237,8 @@ def _our_row(obj, where, bin_rule):
     return _row(where, rid=obj.get("id", where), task=obj.get("task"),
                 model=obj.get("model", "unknown"), readout=obj.get("readout"),
                 repeat=obj.get("repeat"), probs=probs, raw_sum=raw, failed=failed,
-                error=obj.get("parse_error"), stated=stated, truth=truth, bin_rule=bin_rule)
+                error=obj.get("parse_error"), stated=stated, truth=truth, bin_rule=bin_rule,
+                deferred=deferred)
 
 
 def _paper_row(obj, where, eval_rows, rows_path, bin_rule):

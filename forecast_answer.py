@@ -1,10 +1,11 @@
 """forecast_answer.py: the forecast, and how it is read from what the model writes (docs/PAPER.md §3).
 
 forecast_prompt.py says what the model is shown; this file says how its answer becomes a Forecast:
-8 probabilities over the bins of bins.py, or a parse failure with a reason.
+8 probabilities over the bins of bins.py, a deferral (the abstain variant: the model declined to
+forecast, with a reason), or a parse failure with a reason.
 
     Forecast        the probabilities, the bin that is scored (their argmax), the bin the model
-                    stated, the model's reasoning, and what the forecast cost
+                    stated, the model's reasoning, whether it deferred, and what the forecast cost
     parse_answer    the model's text (harmony markup or plain text) -> Forecast; never raises
     DIGITS, ANSWER_PREFIX   the logits read-out: the answer is forced to begin ANSWER_PREFIX and
                     the next-token probabilities of the bin digits are read
@@ -15,8 +16,12 @@ Parsing rules (documented choices where the paper leaves room):
     object in the final channel; then a fenced ```json block or a bare JSON object in plain text.
     With several tool calls the LAST COMPLETE one wins (its arguments parse as a JSON object); a
     trailing call cut off mid-JSON is ignored.
-  - required fields: predicted_bin (integer 1..8), p_severe_slowdown .. p_extreme_speedup (numbers
-    in [0, 1], not all zero) and a non-empty reasoning string; otherwise a parse failure.
+  - a call of `defer_to_evaluator` with a non-empty reason is a deferral: no probabilities, not a
+    parse failure; the gate defers it, metrics count it against coverage, the search measures it.
+  - required fields: predicted_bin (integer 1..8), the 8 probabilities (numbers in [0, 1], not
+    all zero) and a non-empty reasoning string; otherwise a parse failure. The probabilities may
+    carry either protocol's field names (forecast_prompt.PROB_FIELDS, p_severe_slowdown ..., or
+    the original's PAPER_PROB_FIELDS, p_minor_slowdown ...): the k-th field is bin k in both.
   - probabilities are renormalised to sum 1; raw_sum keeps the sum the model wrote.
   - predicted_bin = argmax of the probabilities (bins.predicted_bin), so the bin that is scored
     and the confidence always come from the same distribution. The model's own predicted_bin is
@@ -29,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import harmony
 import bins
-from forecast_prompt import PROB_FIELDS, TOOL_NAME
+from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME
 
 DIGITS = tuple(str(b) for b in bins.BINS)  # the bins as the model writes them, one token each
 ANSWER_PREFIX = '{"predicted_bin": '
@@ -39,8 +44,9 @@ ANSWER_PREFIX = '{"predicted_bin": '
 
 @dataclass
 class Forecast:
-    probs: list = None            # 8 floats summing to 1, or None on a parse failure
+    probs: list = None            # 8 floats summing to 1, or None (a parse failure, a deferral)
     parse_failed: bool = False
+    deferred: bool = False        # the model declined to forecast (abstain variant); reasoning says why
     parse_error: str = None
     stated_bin: int = None        # the bin the model wrote (None for the logits read-out)
     predicted_bin: int = None     # argmax of probs: the bin that is scored
@@ -51,6 +57,7 @@ class Forecast:
     tokens_in: int = 0
     tokens_out: int = 0
     seconds: float = 0.0
+    attempts: int = 1             # generations it took (a parse failure can be retried)
 
     @property
     def bin_disagrees(self):
@@ -92,15 +99,29 @@ def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+ANSWER_FIELD_SETS = (PROB_FIELDS, PAPER_PROB_FIELDS)
+ALL_PROB_FIELDS = tuple(dict.fromkeys(PROB_FIELDS + PAPER_PROB_FIELDS))
+
+
+def _prob_fields_of(args):
+    """The field set the answer uses: the first one it holds completely, else (for the error) the
+    one it holds most of."""
+    for fields in ANSWER_FIELD_SETS:
+        if all(f in args for f in fields):
+            return fields
+    return max(ANSWER_FIELD_SETS, key=lambda fields: sum(f in args for f in fields))
+
+
 def forecast_from_args(args):
     """Validate the tool call's arguments (a dict) into a Forecast or a parse failure."""
     if not isinstance(args, dict):
         return failure(f"answer is a JSON {type(args).__name__}, not an object")
-    for f in ("predicted_bin", *PROB_FIELDS, "reasoning"):
+    fields = _prob_fields_of(args)
+    for f in ("predicted_bin", *fields, "reasoning"):
         if f not in args:
             return failure(f"missing field {f}")
     raw = []
-    for f in PROB_FIELDS:
+    for f in fields:
         v = args[f]
         if not _is_number(v) or not math.isfinite(v) or not 0 <= v <= 1:
             return failure(f"{f} out of range [0, 1]: {v!r}"[:200])
@@ -116,17 +137,30 @@ def forecast_from_args(args):
     return f if f is not None else failure("all probabilities are zero")
 
 
-def _unwrap(obj):
-    """Accept {"name": TOOL_NAME, "arguments": {...}} as written by chat models without tool calls."""
-    if isinstance(obj, dict) and "arguments" in obj and obj.get("name", TOOL_NAME) == TOOL_NAME:
+def deferral_from_args(args):
+    """The deferral tool's arguments: a deferral with its reason, or a parse failure."""
+    reason = args.get("reason") if isinstance(args, dict) else None
+    if not isinstance(reason, str) or not reason.strip():
+        return failure(f"{DEFER_TOOL_NAME} without a reason")
+    return Forecast(deferred=True, reasoning=reason.strip())
+
+
+def _unwrap(obj, tool=TOOL_NAME):
+    """(tool, arguments) of an answer object: {"name": TOOL, "arguments": {...}} as written by chat
+    models without tool calls is unwrapped; a bare object is the arguments of `tool`."""
+    if isinstance(obj, dict) and "arguments" in obj and obj.get("name", tool) in (TOOL_NAME, DEFER_TOOL_NAME):
         args = obj["arguments"]
         if isinstance(args, str):
             try:
                 args = _DECODER.decode(args)
             except _BAD_JSON:
-                return obj
-        return args
-    return obj
+                return tool, obj
+        return obj.get("name", tool), args
+    return tool, obj
+
+
+def _read(tool, args):
+    return deferral_from_args(args) if tool == DEFER_TOOL_NAME else forecast_from_args(args)
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.S)
@@ -169,30 +203,30 @@ def _json_candidates(text):
 
 
 def _answer_in(text):
-    """The last JSON object in text that looks like an answer, or None."""
-    objs = [_unwrap(o) for o in _json_candidates(text)]
-    objs = [o for o in objs if isinstance(o, dict)]
-    answers = [o for o in objs if "predicted_bin" in o or any(f in o for f in PROB_FIELDS)]
+    """(tool, arguments) of the last JSON object in text that looks like an answer, or None."""
+    found = [_unwrap(o) for o in _json_candidates(text)]
+    answers = [(tool, o) for tool, o in found if isinstance(o, dict) and (
+        tool == DEFER_TOOL_NAME or "predicted_bin" in o or any(f in o for f in ALL_PROB_FIELDS))]
     return answers[-1] if answers else None
 
 
 def _parse(text):
     msgs = harmony.messages(text)
-    calls = [m for m in msgs if m.recipient and m.recipient.split(".")[-1] == TOOL_NAME]
+    calls = [m for m in msgs if m.recipient and m.recipient.split(".")[-1] in (TOOL_NAME, DEFER_TOOL_NAME)]
     if calls:
         last_error = None
         for call in reversed(calls):  # the last complete call wins
             try:  # complete = its arguments open with a whole JSON value (trailing text is ignored)
-                args = _unwrap(_DECODER.raw_decode(call.content.strip())[0])
+                tool, args = _unwrap(_DECODER.raw_decode(call.content.strip())[0], call.recipient.split(".")[-1])
             except _BAD_JSON as e:
-                last_error = last_error or f"bad JSON in the {TOOL_NAME} call: {type(e).__name__}: {e}"[:300]
+                last_error = last_error or f"bad JSON in the {call.recipient.split('.')[-1]} call: {type(e).__name__}: {e}"[:300]
                 continue
-            return forecast_from_args(args)
+            return _read(tool, args)
         return failure(last_error)
     finals = [m.content for m in msgs if m.channel == "final"]
     if finals:
         ans = _answer_in(finals[-1])
-        return forecast_from_args(ans) if ans is not None else failure("no answer: the final channel holds no JSON forecast")
+        return _read(*ans) if ans is not None else failure("no answer: the final channel holds no JSON forecast")
     if msgs:
         if msgs[-1].channel == "analysis" and not msgs[-1].complete:
             return failure("truncated reasoning: the completion ended inside the analysis channel (raise max_new_tokens)")
@@ -202,7 +236,7 @@ def _parse(text):
     ans = _answer_in(text)
     if ans is None:
         return failure("no answer: no tool call and no JSON forecast in the completion")
-    return forecast_from_args(ans)
+    return _read(*ans)
 
 
 def parse_answer(text):

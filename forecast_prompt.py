@@ -2,23 +2,61 @@
 
 A "GPU execution simulator" system message with the speedup definition and the bin table, a user
 message with the task name and description (from tasks/), the reference kernel fenced as python,
-a table of the hardware (read from the GPU when one is present, or a named profile: a100-80gb as
-in the paper, h100, h200), then the candidate kernel, plus the schema of the answer tool
+a table of the hardware, then the candidate kernel, plus the schema of the answer tool
 `submit_kernel_runtime_estimate`. The bin table is generated from bins.py, the same edges that
 label the data, so the prompt and the labels can never disagree (the original's mismatch).
 The candidate comes last (the original put the hardware after it): everything before it is the
 same for every candidate of a task, so a model computes it once (shared_messages).
 train_grpo.py trains on the same prompt.
+
+Two protocols (docs/FIDELITY.md). `ours` is the prompt above. `paper` gives the model what the
+original gave it and nothing more: its own bin table (right-closed, edges 0.25 ... 4.0, names
+that do not fit bin 4 of the labels: base-model numbers depend on that table), no task
+description, its instruction not to put all mass on one bin unless the evidence is decisive, the
+task name as the operation's name, "reference" and "candidate" as the kernels' names, the hardware
+after the candidate, and the tool fields named after its table (p_minor_slowdown ...).
+
+The abstain variant (abstain=True, both protocols) offers a second tool, `defer_to_evaluator`:
+the model may decline to forecast, with a reason, and the candidate goes to the real evaluator.
+
+The hardware table comes from the row being forecast (its `hardware` field: row_hardware), a
+named profile, or the local GPU for a candidate measured on this machine (hardware_info).
 """
 import bins
 
+PROTOCOLS = ("ours", "paper")
 TOOL_NAME = "submit_kernel_runtime_estimate"
-PROB_FIELDS = tuple("p_" + name.replace(" ", "_") for name in bins.BIN_NAMES)
+DEFER_TOOL_NAME = "defer_to_evaluator"
+
+
+def _fields(names):
+    return tuple("p_" + name.replace(" ", "_") for name in names)
+
+
+PROB_FIELDS = _fields(bins.BIN_NAMES)
+# The original's table as its prompt showed it: right-closed intervals, its own edges and names.
+# Only the prompt uses it; every label is bins.py's (a 1.2x kernel is bin 4 whatever this says).
+PAPER_EDGES = (0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0)
+PAPER_BIN_NAMES = ("severe slowdown", "significant slowdown", "moderate slowdown", "minor slowdown",
+                   "minor speedup", "significant speedup", "high speedup", "extreme speedup")
+PAPER_PROB_FIELDS = _fields(PAPER_BIN_NAMES)
+
+
+def prob_fields(protocol="ours"):
+    return PAPER_PROB_FIELDS if protocol == "paper" else PROB_FIELDS
+
+
+def _check_protocol(protocol):
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+
 
 # ---- hardware -------------------------------------------------------------------------------------
 
-# Datasheet values. a100-80gb is the paper's (docs/PAPER.md §3); memory clocks are the HBM
-# clock in GHz as nvidia-smi reports it.
+# Datasheet values. a100-80gb is the paper's (docs/PAPER.md §3); l40s the original's numbers for
+# it; memory clocks as nvidia-smi reports them, in GHz. `match`: what a device name must contain
+# (upper case, letters and digits only) to be that profile. cpu: rows measured on a CPU (Triton's
+# interpreter, CPU times) show the model that they were, not a GPU they never ran on.
 HARDWARE_PROFILES = {
     "a100-80gb": dict(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_gb=80,
                       sm_count=108, max_threads_per_sm=2048, clock_ghz=1.41, memory_clock_ghz=1.512,
@@ -29,15 +67,47 @@ HARDWARE_PROFILES = {
     "h200": dict(name="NVIDIA H200", compute_capability="9.0", memory_gb=141, sm_count=132,
                  max_threads_per_sm=2048, clock_ghz=1.98, memory_clock_ghz=3.201,
                  memory_bus_width_bits=6144),
+    "l40s": dict(name="NVIDIA L40S", compute_capability="8.9", memory_gb=44.5, sm_count=142,
+                 max_threads_per_sm=1536, clock_ghz=2.52, memory_clock_ghz=9.0,
+                 memory_bus_width_bits=384),
+    "cpu": dict(name="CPU (Triton interpreter; CPU times, not GPU times)", compute_capability="n/a",
+                memory_gb="n/a", sm_count="n/a", max_threads_per_sm="n/a", clock_ghz="n/a",
+                memory_clock_ghz="n/a", memory_bus_width_bits="n/a"),
 }
+_MATCH = {"a100-80gb": "A100", "h100": "H100", "h200": "H200", "l40s": "L40S", "cpu": "CPU"}
 HARDWARE_ROWS = (("name", "device"), ("compute_capability", "compute capability"),
                  ("memory_gb", "memory (GB)"), ("sm_count", "SMs"),
                  ("max_threads_per_sm", "max threads per SM"), ("clock_ghz", "clock (GHz)"),
                  ("memory_clock_ghz", "memory clock (GHz)"), ("memory_bus_width_bits", "memory bus width (bits)"))
 
 
+def hardware_profile(hardware):
+    """The profile of a hardware string: a profile name ("h100") or a device name as a row or
+    measure.py records it ("NVIDIA A100-SXM4-80GB", "cpu (x86_64, 2 cores)"). ValueError naming
+    the known ones otherwise (an A100 with 40 GB is not the paper's A100-80GB)."""
+    text = str(hardware).strip()
+    if text.lower() in HARDWARE_PROFILES:
+        return dict(HARDWARE_PROFILES[text.lower()])
+    key = "".join(c for c in text.upper() if c.isalnum())
+    for name, needle in _MATCH.items():
+        found = key.startswith(needle) if name == "cpu" else needle in key
+        if found and not (name == "a100-80gb" and "40GB" in key):
+            return dict(HARDWARE_PROFILES[name])
+    known = "; ".join(f"{k} ({v['name']})" for k, v in HARDWARE_PROFILES.items())
+    raise ValueError(f"unknown hardware {text!r}: no profile for it; known: {known}. Add its "
+                     "datasheet values to forecast_prompt.HARDWARE_PROFILES")
+
+
+def row_hardware(row, default):
+    """The hardware a row was measured on, as a profile (its `hardware` field); `default` for a row
+    that names none. Never the local GPU: a row's speedup is a fact about the machine it ran on."""
+    name = row.get("hardware")
+    return hardware_profile(name) if isinstance(name, str) and name.strip() else default
+
+
 def hardware_info(profile=None):
-    """The hardware table of the prompt: a named profile, else the local GPU, else the paper's A100.
+    """The hardware of a candidate measured here: a named profile, else the local GPU, else the
+    paper's A100.
 
     torch reports clocks and bus width only in recent versions; missing values are taken from the
     profile whose name matches the device, or left as "unknown"."""
@@ -49,7 +119,10 @@ def hardware_info(profile=None):
     if not torch.cuda.is_available():
         return dict(HARDWARE_PROFILES["a100-80gb"])
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
-    known = next((v for k, v in HARDWARE_PROFILES.items() if k.split("-")[0].upper() in p.name.upper()), {})
+    try:
+        known = hardware_profile(p.name)
+    except ValueError:
+        known = {}
 
     def read(attr, scale, key):
         v = getattr(p, attr, None)
@@ -62,7 +135,13 @@ def hardware_info(profile=None):
                 memory_bus_width_bits=getattr(p, "memory_bus_width", None) or known.get("memory_bus_width_bits", "unknown"))
 
 
-# ---- the prompt -----------------------------------------------------------------------------------
+def hardware_table(hardware):
+    rows = ["| property | value |", "|---|---|"]
+    rows += [f"| {label} | {hardware.get(key, 'unknown')} |" for key, label in HARDWARE_ROWS]
+    return "\n".join(rows)
+
+
+# ---- the system message ---------------------------------------------------------------------------
 
 def _edge(x):
     return f"{x:.4f}".rstrip("0").rstrip(".")
@@ -75,6 +154,15 @@ def bin_table():
     return "\n".join(rows)
 
 
+def paper_bin_table():
+    """The original prompt's table: right-closed intervals on PAPER_EDGES, its names."""
+    e = PAPER_EDGES
+    spans = [f"S <= {e[0]}"] + [f"{lo} < S <= {hi}" for lo, hi in zip(e, e[1:])] + [f"S > {e[-1]}"]
+    rows = ["| bin | name | speedup |", "|---|---|---|"]
+    rows += [f"| {b} | {PAPER_BIN_NAMES[b - 1]} | {span} |" for b, span in zip(bins.BINS, spans)]
+    return "\n".join(rows)
+
+
 FACTORS = ("total work (FLOPs) and operator fusion", "memory access patterns and coalescing",
            "arithmetic intensity (compute- vs memory-bound)", "warp divergence",
            "occupancy: registers and shared memory per block", "grid size and parallelism",
@@ -83,11 +171,32 @@ FACTORS = ("total work (FLOPs) and operator fusion", "memory access patterns and
            "data types and use of tensor cores")
 
 
-def system_prompt():
-    edges = ", ".join(_edge(e) for e in bins.BIN_EDGES)
-    fields = ", ".join(PROB_FIELDS)
+def _abstain_section():
+    return (f"\n\nIf the code does not let you forecast the speedup with reasonable confidence, call "
+            f"{DEFER_TOOL_NAME} instead, with a 1-2 sentence reason: the candidate is then measured on "
+            "the real GPU. Call exactly one of the two tools.")
+
+
+def system_prompt(protocol="ours", abstain=False):
+    _check_protocol(protocol)
+    fields = ", ".join(prob_fields(protocol))
     factors = "\n".join(f"- {f}" for f in FACTORS)
-    return f"""You are a GPU execution simulator. You are shown a reference GPU kernel and a candidate kernel that computes the same task, and you forecast how fast the candidate runs compared with the reference, without running either.
+    if protocol == "paper":
+        text = f"""You are a GPU execution simulator. Given a reference kernel and a candidate kernel for the same operation, forecast how fast the candidate runs compared with the reference on the given hardware, without running either.
+
+Speedup S = reference runtime / candidate runtime. S > 1 means the candidate is faster. Classify S into one of {bins.N_BINS} categories:
+
+{paper_bin_table()}
+
+Give a probability between 0 and 1 for each category; the probabilities must sum to 1. They are usually concentrated on one or two adjacent categories, but do not put all the probability on one category unless the evidence is decisive.
+
+Analyse, for both kernels:
+{factors}
+
+Call the tool {TOOL_NAME} exactly once with: predicted_bin (1 to {bins.N_BINS}); the {bins.N_BINS} probabilities {fields}; and reasoning, 1 to 3 sentences."""
+    else:
+        edges = ", ".join(_edge(e) for e in bins.BIN_EDGES)
+        text = f"""You are a GPU execution simulator. You are shown a reference GPU kernel and a candidate kernel that computes the same task, and you forecast how fast the candidate runs compared with the reference, without running either.
 
 Speedup S = reference runtime / candidate runtime. S > 1 means the candidate is faster. S falls into one of {bins.N_BINS} bins, half an octave wide, each lower edge inclusive (edges at S = {edges}):
 
@@ -97,7 +206,10 @@ Consider, for both kernels on the given hardware:
 {factors}
 
 Answer by calling the tool {TOOL_NAME} exactly once with: predicted_bin (the most likely bin, 1 to {bins.N_BINS}); the {bins.N_BINS} probabilities {fields}, each between 0 and 1 and summing to 1 (usually concentrated on one or two adjacent bins); and reasoning, 1 to 3 sentences. If you cannot call tools, reply with the same JSON object in a ```json block."""
+    return text + (_abstain_section() if abstain else "")
 
+
+# ---- the user message -----------------------------------------------------------------------------
 
 def _fence(code):
     """A ```python fence that the code itself cannot close."""
@@ -107,18 +219,18 @@ def _fence(code):
     return f"{ticks}python\n{code.rstrip()}\n{ticks}"
 
 
-def hardware_table(hardware):
-    rows = ["| property | value |", "|---|---|"]
-    rows += [f"| {label} | {hardware.get(key, 'unknown')} |" for key, label in HARDWARE_ROWS]
-    return "\n".join(rows)
-
-
-def _user_parts(task, reference_code, candidate_code, hardware):
+def _user_parts(task, reference_code, candidate_code, hardware, protocol):
     """The user message in two parts: what every candidate of (task, reference, hardware) shares,
     then the candidate. The shared part comes first so that its computation (a model's KV cache,
     a server's prefix cache) is done once per task and reused for every candidate."""
     from tasks import get_task
-    description = get_task(task).DESCRIPTION.strip()
+    task_module = get_task(task)  # an unknown task fails here, under both protocols
+    if protocol == "paper":  # the original's content and order: the hardware after the candidate
+        shared = (f"Operation: {task}\n\nKernel `reference`:\n{_fence(reference_code)}\n\n")
+        candidate = (f"Kernel `candidate`:\n{_fence(candidate_code)}\n\n"
+                     f"Hardware:\n{hardware_table(hardware)}")
+        return shared, candidate
+    description = task_module.DESCRIPTION.strip()
     shared = (f"Task: {task}\n\n{description}\n\n"
               f"Reference kernel (task {task}):\n{_fence(reference_code)}\n\n"
               f"Hardware:\n{hardware_table(hardware)}\n\n")
@@ -127,38 +239,66 @@ def _user_parts(task, reference_code, candidate_code, hardware):
     return shared, candidate
 
 
-def build_messages(task, reference_code, candidate_code, hardware=None):
-    """System and user messages of one forecast (docs/PAPER.md §3). `hardware` is a dict
-    from hardware_info() (default: hardware_info())."""
+def build_messages(task, reference_code, candidate_code, hardware=None, *, protocol="ours", abstain=False):
+    """System and user messages of one forecast (docs/PAPER.md §3). `hardware` is a profile dict
+    (row_hardware, hardware_info; default: hardware_info())."""
     hardware = hardware_info() if hardware is None else hardware
-    shared, candidate = _user_parts(task, reference_code, candidate_code, hardware)
-    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": shared + candidate}]
+    shared, candidate = _user_parts(task, reference_code, candidate_code, hardware, protocol)
+    return [{"role": "system", "content": system_prompt(protocol, abstain)},
+            {"role": "user", "content": shared + candidate}]
 
 
-def shared_messages(task, reference_code, hardware=None):
+def shared_messages(task, reference_code, hardware=None, *, protocol="ours", abstain=False):
     """The messages of build_messages cut just before the candidate: the part every candidate of
     (task, reference, hardware) shares. A backend renders it to find the prompt prefix it may
     compute once (rendering closes the cut message, so only the common tokens are reused)."""
     hardware = hardware_info() if hardware is None else hardware
-    shared, _ = _user_parts(task, reference_code, "", hardware)
-    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": shared}]
+    shared, _ = _user_parts(task, reference_code, "", hardware, protocol)
+    return [{"role": "system", "content": system_prompt(protocol, abstain)}, {"role": "user", "content": shared}]
 
 
-# The answer tool, in the OpenAI `tools` format; the harmony developer message renders the same.
-FORECAST_TOOL = {"type": "function", "function": {
-    "name": TOOL_NAME,
-    "description": "Submit the forecast of the candidate kernel's speedup over the reference as "
-                   "probabilities over the 8 speedup bins.",
+# ---- the answer tools (OpenAI `tools` format; the harmony developer message renders the same) ----
+
+def forecast_tool(protocol="ours"):
+    """The forecast tool; its probability fields are named after the protocol's table."""
+    _check_protocol(protocol)
+    names = PAPER_BIN_NAMES if protocol == "paper" else bins.BIN_NAMES
+    fields = prob_fields(protocol)
+
+    def describe(b):
+        return f"probability of bin {b}, {names[b - 1]}" + ("" if protocol == "paper" else f" ({bins.bin_label(b)})")
+    return {"type": "function", "function": {
+        "name": TOOL_NAME,
+        "description": "Submit the forecast of the candidate kernel's speedup over the reference as "
+                       "probabilities over the 8 speedup bins.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "predicted_bin": {"type": "integer", "minimum": 1, "maximum": bins.N_BINS,
+                                  "description": "the most likely bin"},
+                **{f: {"type": "number", "minimum": 0, "maximum": 1, "description": describe(b)}
+                   for b, f in zip(bins.BINS, fields)},
+                "reasoning": {"type": "string", "description": "1-3 sentences"},
+            },
+            "required": ["predicted_bin", *fields, "reasoning"],
+            "additionalProperties": False,
+        }}}
+
+
+FORECAST_TOOL = forecast_tool("ours")
+DEFER_TOOL = {"type": "function", "function": {
+    "name": DEFER_TOOL_NAME,
+    "description": "Decline to forecast this candidate: it is measured on the real GPU instead.",
     "parameters": {
         "type": "object",
-        "properties": {
-            "predicted_bin": {"type": "integer", "minimum": 1, "maximum": bins.N_BINS,
-                              "description": "the most likely bin"},
-            **{f: {"type": "number", "minimum": 0, "maximum": 1,
-                   "description": f"probability of bin {b}, {bins.BIN_NAMES[b - 1]} ({bins.bin_label(b)})"}
-               for b, f in zip(bins.BINS, PROB_FIELDS)},
-            "reasoning": {"type": "string", "description": "1-3 sentences"},
-        },
-        "required": ["predicted_bin", *PROB_FIELDS, "reasoning"],
+        "properties": {"reason": {"type": "string",
+                                  "description": "1-2 sentences: why a forecast would be unreliable"}},
+        "required": ["reason"],
         "additionalProperties": False,
     }}}
+
+
+def answer_tools(protocol="ours", abstain=False):
+    """The tools a forecast may call: the forecast tool first (a forced answer opens it), then the
+    deferral tool in the abstain variant."""
+    return [forecast_tool(protocol)] + ([DEFER_TOOL] if abstain else [])

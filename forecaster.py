@@ -14,6 +14,12 @@ forecasts and defers uncertain ones to a real GPU measurement.
                     the task's candidates share (computed once), with an on-disk cache
     Gate            trust or defer, from a confidence score and a threshold
 
+Protocols and variants (docs/FIDELITY.md): --protocol paper shows the original's prompt, gives
+16384 new tokens and generates an answer that does not parse once more (the original's retry);
+--abstain offers a second tool with which the model declines to forecast, with a reason (a native
+deferral: the gate defers it, metrics.py counts it against coverage). An --eval row is shown the
+hardware it was measured on (its `hardware` field), never the local GPU's.
+
 Two read-outs of the forecast distribution:
   - "verbalized" (the paper's): the probabilities the model writes in its tool call. Default for
     GPT-OSS and any served model.
@@ -41,7 +47,8 @@ import bins
 import selective
 from dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
-from forecast_prompt import FORECAST_TOOL, HARDWARE_PROFILES, build_messages, hardware_info, shared_messages
+from forecast_prompt import (HARDWARE_PROFILES, PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware,
+                             shared_messages)
 from forecaster_backends import Completion, choose_backend
 from lm import DEFAULT_MODEL, REASONING_EFFORTS
 from records import cache_dir, write_atomic
@@ -60,32 +67,48 @@ class Forecaster:
     prefix_cache: hand the backend the prompt prefix that the candidates of a task share (system
     text, bins, task, reference, hardware: ~3,000 tokens), which it computes once per task and
     reuses (a local model's KV cache, a server's prefix cache); False recomputes it per candidate,
-    the same forecasts within numerical noise, for comparison."""
+    the same forecasts within numerical noise, for comparison.
+    hardware: the profile shown for a pair that brings none (forecast_pairs' `hardware`).
+    protocol: "ours" or "paper" (forecast_prompt.py: the prompt and the tool's field names).
+    abstain: offer the deferral tool (verbalized read-out only). parse_retries: generate a row
+    again, with another seed, when its answer does not parse (the original's search retried once);
+    a machinery error (server down, prompt too long) is not retried here."""
 
     def __init__(self, backend, readout=None, cache_dir=DEFAULT_CACHE_DIR, *, max_new_tokens=4096,
-                 temperature=1.0, seed=0, reasoning_tokens=0, hardware=None, prefix_cache=True):
+                 temperature=1.0, seed=0, reasoning_tokens=0, hardware=None, prefix_cache=True,
+                 protocol="ours", abstain=False, parse_retries=0):
         self.backend = backend
         self.readout = readout or ("logits" if getattr(backend, "embedded", False) else "verbalized")
         if self.readout not in ("verbalized", "logits"):
             raise ValueError(f"read-out must be 'verbalized' or 'logits', got {self.readout!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+        if abstain and self.readout != "verbalized":
+            raise ValueError("the abstain variant needs the verbalized read-out: a deferral is a tool "
+                             "call, which the logits read-out never reads; drop --abstain or use "
+                             "--readout verbalized")
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.reasoning_tokens = reasoning_tokens
         self.prefix_cache = prefix_cache
         self.hardware = hardware_info() if hardware is None else hardware
+        self.protocol, self.abstain, self.parse_retries = protocol, abstain, parse_retries
+        self.tools = answer_tools(protocol, abstain)
         self.model = getattr(backend, "name", type(backend).__name__)
 
     def cache_key(self, messages, repeat):
-        """sha256 of everything that can change the forecast: model, adapter, read-out, prompt,
-        sampling settings, seed and repeat. The logits read-out without reasoning samples nothing,
-        so its key leaves the sampling settings out."""
-        prompt = hashlib.sha256(json.dumps([messages, FORECAST_TOOL], sort_keys=True).encode()).hexdigest()
+        """sha256 of everything that can change the forecast: model, adapter, read-out, prompt and
+        tools, sampling settings, seed, repeat and retries. The logits read-out without reasoning
+        samples nothing, so its key leaves the sampling settings out."""
+        prompt = hashlib.sha256(json.dumps([messages, self.tools], sort_keys=True).encode()).hexdigest()
         settings = dict(model=self.model, adapter=getattr(self.backend, "adapter", None),
                         readout=self.readout, prompt=prompt)
         if self.readout == "verbalized" or self.reasoning_tokens:
             settings.update(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
                             repeat=repeat, reasoning_effort=getattr(self.backend, "reasoning_effort", None),
                             reasoning_tokens=self.reasoning_tokens)
+        if self.parse_retries:
+            settings["parse_retries"] = self.parse_retries
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
     def _cached(self, key):
@@ -106,10 +129,13 @@ class Forecaster:
         """One Forecast per candidate against the same reference."""
         return self.forecast_pairs([(task, reference_code, c) for c in candidate_codes], repeat=repeat)
 
-    def forecast_pairs(self, pairs, *, repeat=0):
-        """One Forecast per (task, reference_code, candidate_code); the cache misses of each
-        (task, reference) run as one batch over their shared prompt prefix."""
-        convs = [build_messages(t, r, c, self.hardware) for t, r, c in pairs]
+    def forecast_pairs(self, pairs, *, repeat=0, hardware=None):
+        """One Forecast per (task, reference_code, candidate_code); `hardware`: one profile per pair
+        (an eval row's own, forecast_prompt.row_hardware), else self.hardware for all. The cache
+        misses of each (task, reference, hardware) run as one batch over their shared prompt prefix."""
+        hardware = hardware or [self.hardware] * len(pairs)
+        view = dict(protocol=self.protocol, abstain=self.abstain)
+        convs = [build_messages(t, r, c, hw, **view) for (t, r, c), hw in zip(pairs, hardware)]
         keys = [self.cache_key(m, repeat) for m in convs]
         out = [self._cached(k) for k in keys]
         todo = [i for i, f in enumerate(out) if f is None]
@@ -118,9 +144,10 @@ class Forecaster:
             seed = None if self.seed is None else self.seed + repeat
             groups = {}
             for i in todo:
-                groups.setdefault(pairs[i][:2], []).append(i)
-            for (task, reference), idx in groups.items():
-                shared = shared_messages(task, reference, self.hardware) if self.prefix_cache else None
+                groups.setdefault(json.dumps([*pairs[i][:2], hardware[i]], sort_keys=True), []).append(i)
+            for idx in groups.values():
+                (task, reference, _), hw = pairs[idx[0]], hardware[idx[0]]
+                shared = shared_messages(task, reference, hw, **view) if self.prefix_cache else None
                 for i, (f, keep) in zip(idx, run([convs[i] for i in idx], seed, shared)):
                     f.readout, f.model = self.readout, self.model
                     out[i] = f
@@ -129,9 +156,23 @@ class Forecaster:
         return out
 
     def _verbalized(self, convs, seed, shared):
-        comps = self.backend.generate(convs, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                      seed=seed, tools=[FORECAST_TOOL], shared=shared)
-        return [(parse_completion(c), not c.error) for c in comps]
+        def generate(rows, attempt):
+            s = None if seed is None else seed + 1_000_003 * attempt  # a retry samples afresh
+            return self.backend.generate(rows, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                         seed=s, tools=self.tools, shared=shared)
+        comps = generate(convs, 0)
+        out = [(parse_completion(c), not c.error) for c in comps]
+        for attempt in range(1, self.parse_retries + 1):
+            again = [i for i, (f, keep) in enumerate(out) if keep and f.parse_failed]
+            if not again:
+                break
+            for i, c in zip(again, generate([convs[i] for i in again], attempt)):
+                old, f = out[i][0], parse_completion(c)
+                f.attempts = attempt + 1  # the cost of every attempt is the forecast's cost
+                f.tokens_in, f.tokens_out = f.tokens_in + old.tokens_in, f.tokens_out + old.tokens_out
+                f.seconds += old.seconds
+                out[i] = (f, not c.error)
+        return out
 
     def _logits(self, convs, seed, shared):
         t0 = time.perf_counter()
@@ -139,11 +180,11 @@ class Forecaster:
         comps = [Completion("") for _ in convs]
         if self.reasoning_tokens:
             comps = self.backend.generate(convs, max_new_tokens=self.reasoning_tokens, temperature=self.temperature,
-                                          seed=seed, tools=[FORECAST_TOOL], shared=shared)
+                                          seed=seed, tools=self.tools, shared=shared)
             reasoning = [reasoning_of(c) for c in comps]
-        prompts = [self.backend.answer_prompt(m, r, ANSWER_PREFIX, [FORECAST_TOOL]) for m, r in zip(convs, reasoning)]
+        prompts = [self.backend.answer_prompt(m, r, ANSWER_PREFIX, self.tools) for m, r in zip(convs, reasoning)]
         if shared:  # the same prefix in the backend's prompt form (it ends where the user's text is cut)
-            shared = self.backend.answer_prompt(shared, None, "", [FORECAST_TOOL])
+            shared = self.backend.answer_prompt(shared, None, "", self.tools)
         rows = self.backend.next_token_probs(prompts, DIGITS, shared=shared)
         seconds = (time.perf_counter() - t0) / max(1, len(convs))
         out = []
@@ -161,8 +202,8 @@ class Forecaster:
 
 @dataclass
 class Gate:
-    """Trust a forecast whose confidence score reaches the threshold; defer the rest (and every
-    parse failure) to a GPU measurement."""
+    """Trust a forecast whose confidence score reaches the threshold; defer the rest (every parse
+    failure and every native deferral of the abstain variant too) to a GPU measurement."""
     score: str = "maxprob"
     threshold: float = 0.5
 
@@ -191,7 +232,9 @@ class Gate:
 
 def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progress=True):
     """Forecast every row `repeats` times into a Prediction-row JSONL file, appending one line per
-    row (flushed), skipping (id, repeat) pairs already written: an interrupted run resumes."""
+    row (flushed), skipping (id, repeat) pairs already written: an interrupted run resumes. Each row
+    is shown the hardware it was measured on (its `hardware` field; forecaster.hardware for a row
+    that names none). Discovery pairs are rows too: the child is forecast against its parent."""
     from tqdm import tqdm
     from tasks import TASK_NAMES
     rows = load_rows(rows_path, tasks=TASK_NAMES)
@@ -205,7 +248,8 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
             for k in sorted({k for _, k in chunk}):
                 part = [r for r, kk in chunk if kk == k]
                 pairs = [(r["pack"], r["anchor_code"], r["candidate_code"]) for r in part]
-                for r, f in zip(part, forecaster.forecast_pairs(pairs, repeat=k)):
+                hardware = [row_hardware(r, forecaster.hardware) for r in part]
+                for r, f in zip(part, forecaster.forecast_pairs(pairs, repeat=k, hardware=hardware)):
                     out.write(json.dumps(prediction_row(r, f, k)) + "\n")
                     out.flush()
                     bar.update(1)
@@ -218,7 +262,7 @@ def bar_chart(forecast, width=30):
     lines = []
     for b, p in zip(bins.BINS, forecast.probs):
         bar = "#" * round(p * width)
-        lines.append(f"{b} {bins.BIN_NAMES[b - 1]:<20} {bins.bin_label(b):<15} |{bar:<{width}}| {p:5.3f}")
+        lines.append(f"{b} {bins.BIN_NAMES[b - 1]:<24} {bins.bin_label(b):<15} |{bar:<{width}}| {p:5.3f}")
     return "\n".join(lines)
 
 
@@ -240,11 +284,25 @@ def build_parser():
                    help="verbalized: the probabilities the model writes (default); logits: next-token "
                         "probabilities of the bin digits (default for the embedded model)")
     p.add_argument("--reasoning-tokens", type=int, default=0, help="logits read-out: tokens of reasoning before the answer is read")
-    p.add_argument("--max-new-tokens", type=int, default=4096, help="generation budget (paper: 16384 at evaluation)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="ours",
+                   help="ours: this project's prompt; paper: the original's (its bin table and tool field "
+                        "names, no task description, the hardware after the candidate), 16384 new tokens "
+                        "and one retry of an answer that does not parse (docs/FIDELITY.md)")
+    p.add_argument("--abstain", action="store_true",
+                   help="the abstain variant: offer a second tool, defer_to_evaluator, with which the model "
+                        "declines to forecast (with a reason); a deferral is deferred by the gate and counts "
+                        "against coverage in metrics.py (verbalized read-out only)")
+    p.add_argument("--parse-retries", type=int, default=None,
+                   help="generate an answer that does not parse again, up to N times (default 0; 1 with "
+                        "--protocol paper, as the original's search did)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="generation budget (default 4096; 16384 with --protocol paper, the paper's at evaluation)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0; 0 = greedy)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (repeat k uses seed + k)")
     p.add_argument("--hardware", choices=sorted(HARDWARE_PROFILES),
-                   help="hardware profile shown to the model (default: this machine's GPU, else a100-80gb)")
+                   help="hardware profile shown to the model: for --task, default this machine's GPU, else "
+                        "a100-80gb; for --eval, only for rows without a `hardware` field (default "
+                        "a100-80gb, the paper's), every other row is shown the hardware it was measured on")
     p.add_argument("--gate-score", default="maxprob", choices=bins.CONFIDENCE_KINDS, help="confidence score the gate uses")
     p.add_argument("--threshold", type=float, default=0.5, help="gate threshold: trust when the score is at least this")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="forecast cache folder")
@@ -272,7 +330,8 @@ def main(argv=None, backend=None):
             if not Path(args.eval).is_file():
                 raise ValueError(f"cannot read rows file {args.eval}")
             from tasks import TASK_NAMES
-            load_rows(args.eval, tasks=TASK_NAMES)  # bad rows fail before any model loads
+            for row in load_rows(args.eval, tasks=TASK_NAMES):  # bad rows fail before any model loads
+                row_hardware(row, None)
         elif not (args.task and args.candidate):
             raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
         else:
@@ -283,16 +342,29 @@ def main(argv=None, backend=None):
                 reference = Path(args.reference).read_text() if args.reference else seed_source(args.task)
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
+        if args.parse_retries is not None and args.parse_retries < 0:
+            raise ValueError(f"--parse-retries must be at least 0, got {args.parse_retries}")
+        if args.abstain and args.readout == "logits":
+            raise ValueError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
+        paper = args.protocol == "paper"
+        retries = args.parse_retries if args.parse_retries is not None else int(paper)
+        max_new = args.max_new_tokens or (16384 if paper else 4096)
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
         backend = backend or choose_backend(server=args.server, model=args.model, embedded=args.embedded,
                                             adapter=args.adapter, api_key=args.api_key,
                                             reasoning_effort=args.reasoning_effort, batch_size=args.batch_size)
         t_loaded = time.perf_counter()
-        fc = Forecaster(backend, readout=args.readout, cache_dir=None if args.no_cache else args.cache_dir,
-                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                        reasoning_tokens=args.reasoning_tokens, hardware=hardware_info(args.hardware),
-                        prefix_cache=not args.no_prefix_cache)
+        print(f"protocol: {args.protocol} ({'the original prompt, ' if paper else ''}{max_new} new tokens, "
+              f"{retries} retr{'y' if retries == 1 else 'ies'} of an answer that does not parse"
+              f"{', abstain tool offered' if args.abstain else ''}; docs/FIDELITY.md)", file=sys.stderr)
+        # an --eval row names its hardware; one that does not gets --hardware, else the paper's A100
+        hardware = hardware_info(args.hardware or "a100-80gb") if args.eval else hardware_info(args.hardware)
+        fc = Forecaster(backend, readout=args.readout or ("verbalized" if args.abstain else None),
+                        cache_dir=None if args.no_cache else args.cache_dir, max_new_tokens=max_new,
+                        temperature=args.temperature, seed=args.seed, reasoning_tokens=args.reasoning_tokens,
+                        hardware=hardware, prefix_cache=not args.no_prefix_cache, protocol=args.protocol,
+                        abstain=args.abstain, parse_retries=retries)
         if args.eval:
             n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 8)
             t_end = time.perf_counter()
@@ -311,6 +383,8 @@ def main(argv=None, backend=None):
                           "confidence": f.confidence(args.gate_score)}))
     elif f.parse_failed:
         print(f"forecast failed ({f.model}): {f.parse_error}; gate: defer (measure on the GPU)")
+    elif f.deferred:
+        print(f"the model deferred ({f.model}): {f.reasoning}; gate: defer (measure on the GPU)")
     else:
         print(f"{args.task}: {args.candidate} vs {args.reference or 'the seed kernel'} ({f.model}, {f.readout} read-out)")
         print(bar_chart(f))

@@ -14,8 +14,9 @@ coverage and the agreement of two gates come from paper_protocol.py. Its report 
 `tasks`, and `repeats` (each repeat alone and the mean over repeats).
 
 Reading top to bottom:
-1. dataset scores: parse rate, accuracy and off-by-one accuracy, Brier/CRPS/NLL with parse
-   failures scored as a uniform forecast, ECE (10 buckets), AURC per confidence score, selective
+1. dataset scores: parse rate (a deferral of the abstain variant is an answer; its share is the
+   deferral rate), accuracy and off-by-one accuracy, Brier/CRPS/NLL with parse failures and
+   deferrals scored as a uniform forecast, ECE (10 buckets), AURC per confidence score, selective
    risk at 50% coverage; per task, and mean/std over repeats (report);
 2. speedup recovered under a measurement budget;
 3. discovery moments;
@@ -78,6 +79,7 @@ def _mean(xs):
 def scores(rows):
     """Scalar scores of rows from one forecaster (no per-task split, no repeats)."""
     parsed = [r for r in rows if r["probs"] is not None]
+    deferred = [r for r in rows if r.get("deferred")]  # the abstain variant's native deferrals
     hits = [hit(r["predicted_bin"], r["true_bin"]) for r in parsed]
     full = {name: [] for name in ("brier", "crps", "nll")}
     for r in rows:  # a parse failure is scored as the uniform forecast
@@ -86,12 +88,15 @@ def scores(rows):
             full[name].append(fn(p, r["true_bin"]))
     ok = [r["probs"] is not None for r in rows]
     stated = [r for r in parsed if r["stated_bin"] is not None]
-    # the selective view counts every row: a parse failure is deferred (confidence None)
+    # the selective view counts every row: a parse failure or a deferral is deferred (confidence None)
     correct = [r["probs"] is not None and hit(r["predicted_bin"], r["true_bin"]) for r in rows]
     at_half = selective_risk([row_confidence(r) for r in rows], correct, 0.5)
     return {
         "n": len(rows),
-        "parse_rate": len(parsed) / len(rows) if rows else None,
+        # a deferral is an answer (not a parse failure) but no forecast: deferred by the gate, so it
+        # lowers coverage like a low confidence does, and it is scored as uniform in the means
+        "parse_rate": (len(parsed) + len(deferred)) / len(rows) if rows else None,
+        "deferral_rate": len(deferred) / len(rows) if rows else None,
         "accuracy": _mean(hits),
         "off_by_one": _mean([off_by_one_hit(r["predicted_bin"], r["true_bin"]) for r in parsed]),
         **{k: _mean(v) for k, v in full.items()},
@@ -322,6 +327,9 @@ def format_report(name, rep):
         return f"{label:<20}{s['n']:>7}" + "".join(_fmt(v) for v in vals)
 
     lines.append(line("overall", rep))
+    if rep.get("deferral_rate"):  # the abstain variant: deferrals are answers, never trusted
+        lines.append(f"{'  deferred':<20}{rep['deferral_rate']:>7.3f} of the rows by the model's own "
+                     "choice (lower coverage; uniform in Brier/CRPS/NLL)")
     lines += [line("  " + task, s) for task, s in rep["tasks"].items()]
     sr = rep["speedup_recovered"]
     if sr:

@@ -59,3 +59,11 @@ def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
     shutil.rmtree(_HF_DECOY, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def o200k(tmp_path_factory):
+    """The real o200k vocabulary rebuilt from quicktok-v1 (sha256 checked), once per session, so
+    that openai-harmony renders and parses GPT-OSS conversations offline."""
+    from tiny_models import use_o200k
+    return use_o200k(tmp_path_factory.mktemp("tiktoken"))

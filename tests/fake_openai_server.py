@@ -14,6 +14,7 @@ import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# The original's field names (p_minor_slowdown ...), which the parser reads as well as ours.
 DEFAULT_ARGS = {"predicted_bin": 5, "p_severe_slowdown": 0.0, "p_significant_slowdown": 0.0,
                 "p_moderate_slowdown": 0.05, "p_minor_slowdown": 0.15, "p_minor_speedup": 0.5,
                 "p_significant_speedup": 0.2, "p_high_speedup": 0.1, "p_extreme_speedup": 0.0,

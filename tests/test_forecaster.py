@@ -15,7 +15,7 @@ from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, parse_answ
 from forecast_prompt import (FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME, build_messages, hardware_info,
                              shared_messages)
 from forecaster_backends import Completion, OpenAIServerBackend, TransformersBackend, embedded_backend
-from tiny_models import HARMONY_VOCAB, O200K_SHA256, load_smollm2, tiny_gpt_oss, use_o200k
+from tiny_models import HARMONY_VOCAB, O200K_SHA256, load_smollm2, tiny_gpt_oss
 
 A100 = hardware_info("a100-80gb")
 REF = "import torch\n\ndef custom_kernel(data):\n    logits, targets, g = data\n    return reference(logits, targets, g)\n"
@@ -130,8 +130,8 @@ def test_parse_records_bin_disagreement():
 
 @pytest.mark.parametrize("text, reason", [
     (call('{"predicted_bin": 5, "p_severe'), "bad JSON"),
-    (call(args(probs=(0, 0, 0, 0, 1.5, 0, 0, 0))), "p_minor_speedup out of range"),
-    (call(args(probs=(0, 0, 0, -0.1, 0.5, 0, 0, 0))), "p_minor_slowdown out of range"),
+    (call(args(probs=(0, 0, 0, 0, 1.5, 0, 0, 0))), "p_moderate_speedup out of range"),
+    (call(args(probs=(0, 0, 0, -0.1, 0.5, 0, 0, 0))), "p_parity_to_slight_speedup out of range"),
     (call(args(probs=(0, 0, 0, "0.2", 0.5, 0, 0, 0))), "out of range"),
     (call(args(probs=(0, 0, 0, True, 0.5, 0, 0, 0))), "out of range"),
     (call('{"predicted_bin": 5, "p_severe_slowdown": NaN}'), "missing field"),
@@ -155,8 +155,8 @@ def test_parse_failures_have_reasons(text, reason):
 
 
 def test_parse_nan_probability_fails():
-    f = parse_answer(call(json.dumps(args()).replace('"p_minor_speedup": 0.5', '"p_minor_speedup": NaN')))
-    assert f.parse_failed and "p_minor_speedup out of range" in f.parse_error
+    f = parse_answer(call(json.dumps(args()).replace('"p_moderate_speedup": 0.5', '"p_moderate_speedup": NaN')))
+    assert f.parse_failed and "p_moderate_speedup out of range" in f.parse_error
 
 
 def test_parse_final_channel_and_fenced_block():
@@ -223,14 +223,11 @@ def test_parser_never_raises_on_any_text(text):
 
 # ---- harmony format with the real o200k vocabulary ------------------------------------------------
 
-@pytest.fixture(scope="session")
-def o200k(tmp_path_factory):
-    """The real o200k vocabulary rebuilt from quicktok-v1 (sha256 checked), once per session."""
-    folder = use_o200k(tmp_path_factory.mktemp("tiktoken"))
-    data = (folder / "o200k_base.tiktoken").read_bytes()
+def test_o200k_vocabulary_is_the_official_file(o200k):
+    """The o200k fixture (conftest.py) rebuilt the vocabulary from quicktok-v1, as the official one."""
+    data = (o200k / "o200k_base.tiktoken").read_bytes()
     assert hashlib.sha256(data).hexdigest() == O200K_SHA256
     assert data.count(b"\n") == 199998
-    return folder
 
 
 def test_harmony_render_and_parse_round_trip(o200k):
@@ -514,7 +511,9 @@ def test_cache_hits_do_not_touch_the_backend(tmp_path):
     assert backend.rows == 4  # another seed is another forecast
     fc.forecast_many("cross_entropy", REF, [CAND], repeat=1)
     assert backend.rows == 5
-    next(tmp_path.glob("*.json")).write_text("{half")  # a damaged entry is recomputed, not fatal
+    entry = tmp_path / f"{fc.cache_key(build_messages('cross_entropy', REF, CAND, A100), 0)}.json"
+    assert entry.exists()
+    entry.write_text("{half")  # a damaged entry is recomputed, not fatal
     fc.forecast_many("cross_entropy", REF, [CAND, REF])
     assert backend.rows == 6
     F.Forecaster(backend, cache_dir=None, hardware=A100).forecast_many("cross_entropy", REF, [CAND])
@@ -541,7 +540,7 @@ def test_cli_single_forecast(tmp_path, capsys):
     argv = ["--task", "cross_entropy", "--candidate", str(cand), "--no-cache", "--hardware", "h100"]
     assert F.main(argv, backend=ScriptedBackend()) == 0
     out = capsys.readouterr().out
-    assert "5 minor speedup" in out and "[1.41x, 2.00x)" in out and "| 0.500" in out
+    assert "5 moderate speedup" in out and "[1.41x, 2.00x)" in out and "| 0.500" in out
     assert "expected speedup" in out and "gate (>= 0.5): trust" in out
     assert F.main(argv + ["--json", "--threshold", "0.9"], backend=ScriptedBackend()) == 0
     row = json.loads(capsys.readouterr().out)
