@@ -12,7 +12,8 @@ forecaster):
          ─▶ LoRA adapter ─▶ forecaster.py's TransformersBackend / vLLM LoRA
 
 Reward (a parse failure scores 0 in every variant), y = the true bin of the measured speedup:
-    correctness = 1[predicted bin == y]            (predicted bin = argmax of the probabilities)
+    correctness = 1[predicted bin == y]            (predicted bin = argmax of the probabilities;
+                                                    --protocol paper: the bin the model stated)
     brier       = correctness + (1 - Brier(p, y))  (half-Brier, bins.brier)
     crps        = correctness + (1 - CRPS(p, y))   (ranked probability score / 7, bins.crps)
 Advantage: A = reward - mean of its group (the G samples of one prompt); --scale-std also divides
@@ -38,6 +39,9 @@ Two answer formats:
          or untrained model always answers parseably, so it learns from step one; the learning
          test uses it. Sampling and the loss use the same constrained (renormalised) policy.
 
+--protocol paper: the original's prompt (forecast_prompt.py), correctness on the stated bin; `ours`:
+on the argmax, the bin the gate and metrics use. A row is shown the hardware it was measured on.
+
 Defaults are the paper's: LoRA rank 32, lr 4e-5 (AdamW), G = 8, 8 prompts per step, 20 steps,
 temperature 1.0, 8192 new tokens, no KL, eps 0.2. Unlike the original, rows are shuffled (seeded).
 The final adapter is OUT/adapter/; checkpoints (OUT/checkpoint-NNNNNN/) hold it in peft format
@@ -52,13 +56,13 @@ writes files and runs the final evaluation. The suite runs it with 2 CPU process
 
 GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpointing):
     accelerate launch --num_processes 1 train_grpo.py --model openai/gpt-oss-20b \\
-        --data training_rows.jsonl --reward brier --holdout-task gdn_chunk_fwd_o --out runs/brier
-  (more GPUs: --num_processes N; the 8 prompts of a step are split across processes; the same
+        --data rl_pool.jsonl --reward brier --out runs/brier
+  (the paper's RL pool has no gdn_chunk_fwd_o row, the task it holds out: judge the adapter on the
+  eval set with forecaster.py --eval; --holdout-task must name a task in the data.) (more GPUs: --num_processes N; the 8 prompts of a step are split across processes; the same
   command works as plain `python train_grpo.py ...` on one GPU.)
 CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out runs/x --embedded \\
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
-import contextlib
 import json
 import random
 import resource
@@ -79,7 +83,8 @@ import metrics
 from cli import flag
 from dataset import load_predictions, load_rows, prediction_row
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
-from forecast_prompt import FORECAST_TOOL, build_messages, hardware_info
+from forecast_prompt import PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware
+from grpo_ddp import average_gradients, balance_micro_batches, my_share, step_record, sync_context
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 from records import read_jsonl, write_atomic
 
@@ -114,8 +119,11 @@ class Args:
     temperature: float = flag(1.0, "sampling temperature")
     max_new_tokens: int = flag(8192, "completion budget")
     reasoning_effort: str = flag("medium", "GPT-OSS reasoning effort", choices=lm.REASONING_EFFORTS)
-    hardware: str | None = flag(None, "hardware profile in the prompt (forecast_prompt.HARDWARE_PROFILES; "
-                                "default the local GPU, else the paper's A100)")
+    protocol: str = flag("ours", "ours: our prompt, correctness on the argmax; paper: the original's prompt, "
+                         "correctness on the stated bin (docs/FIDELITY.md)", choices=PROTOCOLS)
+    hardware: str | None = flag(None, "hardware profile for rows without a `hardware` field "
+                                "(forecast_prompt.HARDWARE_PROFILES; default a100-80gb, the paper's); a row "
+                                "that names its hardware is shown that")
     clip_eps: float = flag(0.2, "PPO clip range of the ratio")
     kl_coef: float = flag(0.0, "weight of the k3 KL to the base model")
     scale_std: bool = flag(False, "divide advantages by the group std")
@@ -176,16 +184,17 @@ VOTES_INSTRUCTION = ("\n\nAnswer format for this run: after \"" + VOTES_PREFIX.s
 def make_prompt_fn(policy, args):
     """row -> prompt token ids: build_messages rendered exactly as forecaster.py's
     TransformersBackend renders it (harmony for GPT-OSS, the chat template otherwise)."""
-    hardware = hardware_info(args.hardware)
+    fallback = hardware_info(args.hardware or "a100-80gb")
+    tools = answer_tools(args.protocol)
 
     def prompt(row):
         messages = build_messages(row["pack"], row["anchor_code"], row["candidate_code"],
-                                             hardware)
+                                  row_hardware(row, fallback), protocol=args.protocol)
         if args.answer_format == "votes":
             messages[-1] = dict(messages[-1], content=messages[-1]["content"]
                                 + VOTES_INSTRUCTION.format(k=args.votes))
             return policy.answer_prompt(messages, None, VOTES_PREFIX)
-        return policy.render(messages, tools=[FORECAST_TOOL])
+        return policy.render(messages, tools=tools)
     return prompt
 
 
@@ -201,11 +210,23 @@ def parse_votes(text, k):
 
 # ---- rewards, advantages, loss -------------------------------------------------------------------
 
-def reward(forecast, true_bin, kind):
-    """The paper's rewards; a parse failure scores 0 in every variant."""
+PROTOCOL_SAYS = {"ours": "our prompt, correctness on the argmax",
+                 "paper": "the original's prompt, correctness on the stated bin"}
+
+
+def scored_bin(forecast, protocol="ours"):
+    """The bin correctness judges: the argmax, or under the paper protocol the stated bin (the
+    argmax when none was stated: the votes format)."""
+    if protocol == "paper" and forecast.stated_bin is not None:
+        return forecast.stated_bin
+    return bins.predicted_bin(forecast.probs)
+
+
+def reward(forecast, true_bin, kind, protocol="ours"):
+    """The paper's rewards; a parse failure (or a deferral: no probabilities) scores 0 in every variant."""
     if forecast.parse_failed or forecast.probs is None:
         return 0.0
-    correct = float(bins.predicted_bin(forecast.probs) == true_bin)
+    correct = float(scored_bin(forecast, protocol) == true_bin)
     if kind == "correctness":
         return correct
     if kind == "brier":
@@ -339,60 +360,16 @@ def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size
     return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s} for p, (c, s) in zip(flat, done)]
 
 
-def group_scores(forecasts, true_bin, kind):
+def group_scores(forecasts, true_bin, kind, protocol="ours"):
     """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
-    rewards = [reward(f, true_bin, kind) for f in forecasts]
-    parsed = [f for f in forecasts if not f.parse_failed]
-    probs = [bins.UNIFORM if f.parse_failed else f.probs for f in forecasts]
+    rewards = [reward(f, true_bin, kind, protocol) for f in forecasts]
+    parsed = [f for f in forecasts if f.probs is not None]
+    probs = [bins.UNIFORM if f.probs is None else f.probs for f in forecasts]
     return rewards, {
         "n": len(forecasts), "reward": sum(rewards), "parsed": len(parsed),
-        "correct": sum(bins.predicted_bin(f.probs) == true_bin for f in parsed),
+        "correct": sum(scored_bin(f, protocol) == true_bin for f in parsed),
         "brier": sum(bins.brier(p, true_bin) for p in probs),
         "crps": sum(bins.crps(p, true_bin) for p in probs)}
-
-
-# The plumbing of several processes (accelerate/DDP), kept out of the loop's phases.
-
-def my_share(acc, rows):
-    """This process's prompts of a step (each process takes every num_processes-th)."""
-    return rows[acc.process_index::acc.num_processes]
-
-
-def balance_micro_batches(acc, micro_batches, filler):
-    """(completion tokens of the whole step over all processes, micro-batches padded with
-    zero-weight `filler` ones): DDP needs the same number of backward passes on every process."""
-    local = torch.tensor([sum(len(s["completion"]) for mb in micro_batches for s in mb), len(micro_batches)],
-                         device=acc.device)
-    n_tokens = int(acc.reduce(local[:1].clone(), "sum"))
-    n_micro = int(acc.gather(local[1:]).max())
-    return n_tokens, micro_batches + [[dict(filler, adv=0.0, filler=True)]] * (n_micro - len(micro_batches))
-
-
-def sync_context(acc, wrapped, is_last, share):
-    """DDP all-reduces gradients on the step's last backward only. A shared prompt's gradient
-    arrives in parts (samples, then the prompt), which that all-reduce cannot follow: then no
-    backward syncs and average_gradients does it by hand."""
-    return contextlib.nullcontext() if is_last and not share else acc.no_sync(wrapped)
-
-
-def average_gradients(acc, params):
-    if acc.num_processes > 1:
-        for p in params:
-            if p.grad is not None:
-                p.grad = acc.reduce(p.grad, "mean")
-
-
-def step_record(acc, step, totals, kept_groups, groups, n_tokens, loss, clipped, kl, args):
-    """The step's log line: sums over processes, then means."""
-    keys = ["n", "reward", "parsed", "correct", "brier", "crps", "kept", "groups", "loss", "clipped", "kl"]
-    vals = [totals[k] for k in keys[:6]] + [kept_groups, groups, loss, clipped, kl]
-    s = dict(zip(keys, acc.reduce(torch.tensor(vals, dtype=torch.float64, device=acc.device), "sum").tolist()))
-    return {"step": step + 1, "reward": s["reward"] / s["n"], "parse_rate": s["parsed"] / s["n"],
-            "accuracy": s["correct"] / s["parsed"] if s["parsed"] else None,
-            "brier": s["brier"] / s["n"], "crps": s["crps"] / s["n"],
-            "groups_kept": int(s["kept"]), "groups": int(s["groups"]), "tokens": n_tokens,
-            "loss": s["loss"] / acc.num_processes, "clip_frac": s["clipped"] / max(n_tokens, 1),
-            "kl": s["kl"] / max(n_tokens, 1) if args.kl_coef > 0 else None}
 
 
 def peak_memory_bytes(device):
@@ -411,8 +388,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     from tqdm import tqdm
     acc = Accelerator()
     device, out = acc.device, Path(args.out)
-    train_rows, eval_rows = split_rows(load_rows(args.data), args.seed, args.holdout_task,
-                                       args.eval_fraction)
+    rows = load_rows(args.data)
+    for row in rows:  # an unknown hardware name fails before any model loads
+        row_hardware(row, None)
+    train_rows, eval_rows = split_rows(rows, args.seed, args.holdout_task, args.eval_fraction)
     if not train_rows:
         raise ValueError(f"{args.data}: no training rows left after holding out --holdout-task "
                          f"{args.holdout_task}; hold out another task")
@@ -421,6 +400,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
                          f"processes; give every process at least one prompt")
     if (out / "log.jsonl").exists() and not args.resume:
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
+    acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
     if model is None:
         model, tokenizer = lm.load_embedded() if args.embedded else lm.load_model(args.model, device=device, training=True)
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
@@ -464,7 +444,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         rewards, totals = [], {}
         for i, row in enumerate(rows):
             forecasts = [parse(s["text"]) for s in samples[i * G:(i + 1) * G]]
-            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward)
+            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward, args.protocol)
             rewards.append(group_rewards)
             totals = {k: totals.get(k, 0) + v for k, v in scores.items()}
         # 4. group advantages; groups whose rewards are all equal carry no signal and are dropped
@@ -574,6 +554,11 @@ def check_args(args):
     if (out / "log.jsonl").exists() and not args.resume:
         return f"--out {args.out} already holds a run; pass --resume or choose another --out"
     return None
+
+
+def build_parser():
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
 
 
 def main(argv=None):

@@ -118,6 +118,54 @@ def test_loss_hand_computed():
 
 # ---- data ------------------------------------------------------------------------------------
 
+def test_paper_protocol_scores_correctness_on_the_stated_bin():
+    p = [0.0, 0.0, 0.1, 0.6, 0.3, 0.0, 0.0, 0.0]  # argmax 4
+    said5 = Forecast(probs=p, predicted_bin=4, stated_bin=5, raw_sum=1.0)
+    assert train_grpo.reward(said5, 4, "correctness") == 1.0 and train_grpo.reward(said5, 5, "correctness") == 0.0
+    assert train_grpo.reward(said5, 5, "correctness", "paper") == 1.0
+    assert train_grpo.reward(said5, 4, "correctness", "paper") == 0.0
+    # the proper-score terms read the probabilities under both protocols
+    assert train_grpo.reward(said5, 5, "brier", "paper") == pytest.approx(1 + 1 - bins.brier(p, 5))
+    assert train_grpo.reward(fc(p), 4, "correctness", "paper") == 1.0  # nothing stated (votes): argmax
+    deferred = Forecast(deferred=True, reasoning="unsure")
+    rewards, scores = train_grpo.group_scores([deferred, said5], 5, "brier", "paper")
+    assert rewards[0] == 0.0 and scores["parsed"] == 1 and scores["correct"] == 1
+
+
+def test_the_prompt_shows_each_rows_own_hardware_and_the_protocols_prompt():
+    class Render:  # the policy's rendering, recorded instead of tokenised
+        def render(self, messages, tools=None):
+            return messages, tools
+    rows = [dict(pack="cross_entropy", anchor_code="ref", candidate_code="cand", hardware=hw)
+            for hw in ("NVIDIA L40S", "", "cpu (x86_64, 2 cores)")]
+    for protocol, marker in (("ours", "Candidate kernel (task cross_entropy)"), ("paper", "Kernel `candidate`")):
+        args = cli.parse(train_grpo.Args, ["--data", "d", "--out", "o", "--protocol", protocol])
+        prompt = train_grpo.make_prompt_fn(Render(), args)
+        shown = [prompt(r) for r in rows]
+        devices = [next(x for x in m[1]["content"].splitlines() if x.startswith("| device |")) for m, _ in shown]
+        assert devices == ["| device | NVIDIA L40S |", "| device | NVIDIA A100-SXM4-80GB |",
+                           "| device | CPU (Triton interpreter; CPU times, not GPU times) |"]
+        assert all(marker in m[1]["content"] for m, _ in shown)
+        assert shown[0][1][0]["function"]["parameters"]["required"][5] == \
+            ("p_minor_speedup" if protocol == "paper" else "p_moderate_speedup")
+
+
+def test_cli_refuses_unknown_hardware_and_an_absent_holdout_task_in_one_line(tmp_path, capsys):
+    rows = write_rows(tmp_path / "rows.jsonl", [
+        dict(row_id="a", pack="cross_entropy", anchor_code="r", candidate_code="c", aggregated_speedup=1.2,
+             hardware="NVIDIA A100-SXM4-80GB")])
+    assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--holdout-task",
+                            "gdn_chunk_fwd_o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--holdout-task gdn_chunk_fwd_o: no row has that pack; tasks in the data: cross_entropy" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+    bad = write_rows(tmp_path / "bad.jsonl", [dict(row_id="b", pack="cross_entropy", anchor_code="r",
+                                                   candidate_code="c", aggregated_speedup=1.2, hardware="FakeGPU")])
+    assert train_grpo.main(["--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown hardware 'FakeGPU'" in err and "a100-80gb" in err and len(err.splitlines()) == 1
+
+
 def write_rows(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
