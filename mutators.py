@@ -48,6 +48,9 @@ def feedback_text(m, ask="Rewrite the whole kernel to be as fast as possible."):
         return f"The kernel failed at run time ({status}):\n{msg}"
     if status == "incorrect":
         return f"The kernel produced incorrect output:\n{msg}"
+    if status == "forecast":  # admitted on a trusted forecast (search.py --forecast-reward)
+        return (f"The kernel was not measured; the forecaster expects a speedup of about "
+                f"{m['speedup']:.3f}x over the reference. Rewrite the whole kernel to be as fast as possible.")
     if status != "ok":
         return f"The kernel was rejected by the harness ({status}):\n{msg}"
     lines = [f"The kernel is correct. Geometric-mean speedup over the reference: {m['speedup']:.3f}x.",

@@ -13,8 +13,10 @@ asks this module which archive nodes to expand next. The rule is the max-reward 
            none), so the exploration bonus is in the same units as the rewards.
     T      expansions so far; n_i visits of i (back-propagated to every ancestor).
 
-The reward r_i is the measured geomean speedup over the task's reference. Failed candidates never
-enter the archive but their parent's expansion still counts as a visit. This module is separate
+The reward r_i is the measured geomean speedup over the task's reference, or, for a node the search
+admitted on a trusted forecast (search.py --forecast-reward), the forecast's expected speedup:
+such a node is marked (measured=False), steers PUCT like any other, and is never the best kernel.
+Failed candidates never enter the archive but their parent's expansion still counts as a visit. This module is separate
 from search.py because it is pure arithmetic on a tree: no GPU, no LLM, no files, which is what
 lets the tests check every score by hand.
 """
@@ -34,6 +36,7 @@ class Node:
     best_child: float | None = None  # max reward of any child kept so far (None: none yet)
     step: int = -1  # the search step that produced it (-1: the seed)
     info: dict = field(default_factory=dict)  # measurement summary, used for mutation feedback
+    measured: bool = True  # False: the reward is a forecast's expected speedup, not a measurement
 
     def q(self):
         """Q_i: best child reward once visited, else the node's own reward."""
@@ -46,7 +49,7 @@ class Archive:
     """Measured kernels as a tree, with PUCT parent selection.
 
     c: exploration constant (paper: 1.0). capacity: most nodes kept (seeds always survive, then
-    the best rewards). keep_children: of one parent's successful children in one expansion, only
+    the best rewards, measured before forecast ones). keep_children: of one parent's successful children in one expansion, only
     the best `keep_children` enter (TTT-Discover keeps 2), so one prolific parent cannot flood it.
     """
 
@@ -68,33 +71,37 @@ class Archive:
     def expand(self, parent_id, children, step=-1):
         """Record one expansion of `parent_id` with its successful children.
 
-        children: list of (id, code, reward, info). Exact duplicates of code already in the archive
-        are dropped first, then only the best `keep_children` are kept. The parent's best-child
+        children: list of (id, code, reward, info), or (id, code, reward, info, measured) for a
+        child whose reward is a forecast (measured=False). Exact duplicates of code already in the archive
+        are dropped first, then only the best `keep_children` are kept: the best measured ones, and
+        beside them the best forecast ones (a forecast never displaces a measured kernel). The parent's best-child
         value becomes max(old, best kept reward); the parent and every ancestor get one more visit;
         T grows by one. A parent whose children all failed (children == []) still gets its visit.
         Returns the ids that entered the archive.
         """
         parent = self.nodes.get(parent_id)
         fresh, seen = [], set()
-        for cid, code, reward, info in children:
+        for cid, code, reward, info, *measured in children:
             key = code.strip()
             if key in seen or self.has_code(code):
                 continue
             seen.add(key)
-            fresh.append((cid, code, float(reward), info))
+            fresh.append((cid, code, float(reward), info, measured[0] if measured else True))
         fresh.sort(key=lambda ch: -ch[2])  # stable: equal rewards keep proposal order
-        kept = fresh[: self.keep_children]
-        for cid, code, reward, info in kept:
-            self.nodes[cid] = Node(cid, code, reward, parent_id, step=step, info=dict(info or {}))
+        kept = ([ch for ch in fresh if ch[4]][: self.keep_children]
+                + [ch for ch in fresh if not ch[4]][: self.keep_children])
+        for cid, code, reward, info, measured in kept:
+            self.nodes[cid] = Node(cid, code, reward, parent_id, step=step, info=dict(info or {}),
+                                   measured=measured)
             if parent is not None:
                 parent.children.append(cid)
         if parent is not None and kept:
-            best = max(r for _, _, r, _ in kept)
+            best = max(ch[2] for ch in kept)
             parent.best_child = best if parent.best_child is None else max(parent.best_child, best)
         self._backpropagate(parent_id)
         self.expansions += 1
         self._enforce_capacity()
-        return [cid for cid, _, _, _ in kept]
+        return [ch[0] for ch in kept]
 
     def _backpropagate(self, node_id):
         while node_id is not None and node_id in self.nodes:
@@ -105,7 +112,8 @@ class Archive:
     def _enforce_capacity(self):
         if len(self.nodes) <= self.capacity:
             return
-        others = sorted((n for n in self.nodes.values() if not n.is_seed), key=lambda n: -n.reward)
+        # measured kernels outrank forecast ones: a full archive drops forecasts first
+        others = sorted((n for n in self.nodes.values() if not n.is_seed), key=lambda n: (not n.measured, -n.reward))
         room = max(0, self.capacity - sum(n.is_seed for n in self.nodes.values()))
         for node in others[room:]:
             parent = self.nodes.get(node.parent_id)
@@ -171,8 +179,10 @@ class Archive:
 
     # ---- queries and serialisation -----------------------------------------------------------
 
-    def best(self):
-        return max(self.nodes.values(), key=lambda n: n.reward)  # first on ties
+    def best(self, measured=True):
+        """The node with the best reward (first on ties); by default among measured nodes only, so
+        a forecast never stands for the search's result."""
+        return max((n for n in self.nodes.values() if n.measured or not measured), key=lambda n: n.reward)
 
     def to_dict(self):
         scores = self.scores() if self.nodes else {}

@@ -9,7 +9,7 @@ Then every step of the search runs these phases, in this order (Search.run):
      measured feedback (LLMMutator), or, with no LLM at hand, the task's hand-written variants and
      edits of their `# tune:` constants (CatalogMutator). Code proposed before is dropped.
   3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference.
-  4. Gate. The gate decides which children deserve a real measurement (--gate):
+  4. Gate. The gate decides which children deserve a real measurement (--gate; search_gate.py):
        none        measure every mutation (the paper's standard search).
        topk        forecast every mutation, measure the k best by expected bin (the paper's
                    surrogate-filtered search: 16 forecast, 4 measured per parent).
@@ -17,7 +17,9 @@ Then every step of the search runs these phases, in this order (Search.run):
                    is unsure (the gate defers) or when it confidently predicts a gain over the
                    parent; skip it when it confidently predicts no gain.
   5. Measure. measure.py measures the chosen children; the reward is the geomean speedup over the
-     reference. Each success is a training row for the forecaster (training_rows.jsonl) and a
+     reference. With --forecast-reward (confidence gate) a child the gate trusts is not measured:
+     it enters the archive with the forecast's expected speedup as its reward, marked as a
+     forecast (it is never a training row, never the best kernel, never on the measured curve). Each success is a training row for the forecaster (training_rows.jsonl) and a
      label for the confidence gate: the search's measurements train the forecaster that gates
      the next search. Measurements run concurrently, one per device (measure_pool.py: every GPU
      of the machine, --workers on CPU, or a Ray cluster with --ray): a parent's children are sent
@@ -62,7 +64,13 @@ Decisions this file documents:
     extend a finished search. Models load on their first use, so resuming a finished run loads none.
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
-  - In topk ranking, parse failures come after every parsed forecast.
+  - In topk ranking, parse failures come after every parsed forecast, and deferrals (the abstain
+    variant's: the model declined to forecast) between the two; the confidence gate measures a
+    deferral as it measures any forecast it defers.
+  - --protocol paper is the original's search (docs/FIDELITY.md): the forecaster's paper prompt and
+    one retry of a forecast that does not parse, 4 children per parent kept in the archive, and
+    exactly --budget (320) measurements: the step count never cuts the budget short (the first
+    step has one parent, the seed, so 40 steps x 2 parents x 4 would measure 316).
   - Goal-conditioned search (--target-bin B; eval_set.py runs it to fill a short bin of its eval
     set): the reward is -|ln S - ln m_B|, m_B the bin's midpoint (mutators.goal_band), so PUCT
     expands and the archive keeps the kernels closest to the band instead of the fastest, and an
@@ -83,18 +91,14 @@ import cli
 import metrics
 from cli import flag
 from dataset import training_row
-from forecast_answer import Forecast
-from forecaster import Gate
+from forecast_prompt import PROTOCOLS
 from lm import DEFAULT_MODEL
 from mutators import goal_band
 from puct import Archive
 from records import EventLog, RecordError, write_atomic
+from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
 from tasks import TASK_NAMES
-
-GATES = ("none", "topk", "confidence")
-RANK_KEYS = ("expected_bin", "expected_log_speedup")
-
 
 class SearchError(Exception):
     """A problem the user can fix; main() prints it as one line."""
@@ -109,13 +113,17 @@ class Args:
     """PUCT kernel search with an LLM mutator and a forecaster gate (the paper's Figure 4 with
     --compare)."""
     task: str = flag(None, "the kernel task to optimise", choices=TASK_NAMES, required=True, logged=True)
+    protocol: str = flag("ours", "paper: the original's search (its forecast prompt, one retry of a forecast "
+                         "that does not parse, 4 children kept per parent, exactly --budget measurements); "
+                         "ours: this project's (docs/FIDELITY.md)", choices=PROTOCOLS, logged=True)
     gate: str = flag("topk", "none: measure every mutation; topk: forecast all, measure the best "
                        "--measure-per-parent; confidence: the selective gate (measure when unsure or when "
                        "a gain over the parent is predicted)", choices=GATES, logged=True)
     seed: int = flag(0, "seed of the mutators and of the run's name", logged=True)
     budget: int | None = flag(None, "candidate measurements (the seed's is not counted); default "
                                 f"{PAPER_BUDGET} with an LLM mutator at benchmark scale, else {CPU_BUDGET}")
-    steps: int = flag(40, "most search steps")
+    steps: int | None = flag(None, "most search steps; default 40, with --protocol paper as many as the "
+                             "budget needs")
     parents: int = flag(2, "parents expanded per step (lineage-blocked)", logged=True)
     mutations: int | None = flag(None, "mutations per parent; default 4 with --gate none, 16 with a gate "
                                    f"({CPU_GATED_MUTATIONS} with the embedded CPU forecaster)", logged=True)
@@ -129,10 +137,18 @@ class Args:
                                      logged=True)
     target_risk: float = flag(0.3, "bin-mismatch rate the learnt threshold must guarantee", logged=True)
     delta: float = flag(0.1, "failure probability of that guarantee", logged=True)
+    abstain: bool = flag(False, "the forecaster may defer a candidate to the GPU with a second tool (the "
+                         "abstain variant; verbalized read-out); a deferral is measured", logged=True)
+    forecast_reward: bool = flag(False, "with --gate confidence: a trusted forecast's expected speedup is the "
+                                 "child's reward in the archive, with no GPU run (marked as a forecast; never "
+                                 "a training row or the best kernel); a deferred child is measured", logged=True)
+    parse_retries: int | None = flag(None, "forecasts that do not parse are generated again up to N times; "
+                                     "default 0, 1 with --protocol paper", logged=True)
     min_labels: int = flag(8, "measured forecasts needed before a threshold is learnt (defer all until then)",
                              logged=True)
     c: float = flag(1.0, "PUCT exploration constant (the paper's 1.0)", logged=True)
-    keep_children: int = flag(2, "best children per expansion kept in the archive", logged=True)
+    keep_children: int | None = flag(None, "best children per expansion kept in the archive; default 2, "
+                                     "4 with --protocol paper", logged=True)
     capacity: int = flag(1000, "most kernels kept in the archive", logged=True)
     target_bin: int | None = flag(None, "goal-conditioned search: reward -|ln S - ln m| for the midpoint m "
                                     "of this bin (1..8), so the search aims at the bin's band, not at speed "
@@ -147,6 +163,10 @@ class Args:
     server: str | None = flag(None, "OpenAI-compatible server URL (vLLM/SGLang), used for both the mutator "
                                 "and the forecaster, e.g. http://localhost:8000/v1")
     server_model: str = flag(DEFAULT_MODEL, "model name on --server")
+    mutator_server: str | None = flag(None, "a different OpenAI-compatible server for the mutator only (the "
+                                      "paper mutated with a hosted model and forecast with GPT-OSS-20B); the "
+                                      "API key from $OPENAI_API_KEY")
+    mutator_model: str | None = flag(None, "the mutator's model name on --mutator-server (default --server-model)")
     llm_device: str | None = flag(None, "GPU of a local LLM (mutator and forecaster), e.g. cuda:1, away from "
                                   "the GPU the measurements time on; default: transformers places it, "
                                   "filling cuda:0 first (docs/GPU.md has the memory plan)")
@@ -193,37 +213,33 @@ def parse_args(argv=None):
     for name in ("target_risk", "delta"):
         if not 0 < getattr(args, name) < 1:
             raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
+    if args.parse_retries is not None and args.parse_retries < 0:
+        raise SearchError(f"--parse-retries must be at least 0, got {args.parse_retries}")
+    if args.forecast_reward and args.gate != "confidence":
+        raise SearchError("--forecast-reward needs --gate confidence: only a forecast the selective gate "
+                          "trusts may stand in for a measurement")
     if args.target_bin is not None and (args.gate != "none" or args.compare):
         raise SearchError("--target-bin runs a goal-conditioned search, which measures every mutation; "
                           "pass --gate none (and no --compare)")
     return args
 
 
+# What a search logged before --protocol, --abstain, --forecast-reward and --parse-retries existed
+# did: such a log resumes under these values.
+LOGGED_BEFORE_PROTOCOLS = {"protocol": "ours", "abstain": False, "forecast_reward": False, "parse_retries": 0}
+
+
+def with_protocol_defaults(args):
+    """The options with the protocol's defaults filled in where none was given."""
+    paper = args.protocol == "paper"
+    return replace(args, keep_children=args.keep_children or (4 if paper else 2),
+                   parse_retries=int(paper) if args.parse_retries is None else args.parse_retries,
+                   steps=args.steps or (args.budget if paper and args.budget else 40))
+
+
 def goal_reward(speedup, target_bin):
     """The goal-conditioned reward: minus the log-distance of a speedup from the bin's midpoint."""
     return -abs(math.log(speedup) - math.log(goal_band(target_bin)[2]))
-
-
-# ---- the gate ---------------------------------------------------------------------------------
-
-def as_forecast(view):
-    """The Forecast of a logged forecast view (live and replayed runs read the same log)."""
-    probs = view["probs"]
-    return Forecast(probs=probs, parse_failed=view["parse_failed"],
-                    predicted_bin=None if probs is None else bins.predicted_bin(probs))
-
-
-def rank_key(f, rank_by):
-    """Ranking key of a forecast; parse failures rank after every parsed forecast."""
-    if f.parse_failed:
-        return -math.inf
-    return f.expected_bin if rank_by == "expected_bin" else f.expected_log2_speedup
-
-
-def predicts_gain(f, parent_reward):
-    """A forecast of speedup over the reference 'predicts a gain over the parent' when its expected
-    log2-speedup exceeds log2 of the parent's measured reward."""
-    return f.expected_log2_speedup > math.log2(parent_reward)
 
 
 # ---- the search -------------------------------------------------------------------------------
@@ -240,6 +256,7 @@ class Tally:
     duplicates: int = 0
     skipped: int = 0
     failed_measurements: int = 0
+    forecast_rewards: int = 0     # children that entered the archive on a trusted forecast
     skipped_by_reason: dict = field(default_factory=dict)
     speedups: list = field(default_factory=list)  # per measured candidate; None when it failed
     mutation_s: float = 0.0
@@ -258,12 +275,14 @@ class Search:
 
     def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
                  forecaster_name="", measure_kwargs=None, progress=True, say=print):
-        self.args, self.out = args, Path(out_dir)
+        self.args, self.out = with_protocol_defaults(args), Path(out_dir)
         self.seed_code, self.mutator, self.pool = seed_code, mutator, pool
         self.forecaster, self.forecaster_name = forecaster, forecaster_name
         self.measure_kwargs, self.progress, self.say = dict(measure_kwargs or {}), progress, say
         if args.gate != "none" and forecaster is None:
             raise SearchError(f"--gate {args.gate} needs a forecaster")
+        if args.forecast_reward and args.gate != "confidence":
+            raise SearchError("--forecast-reward needs --gate confidence")
         if args.budget is None or args.mutations is None or args.scale is None:
             raise ValueError("Search needs args with budget, mutations and scale set (run_one fills them in)")
 
@@ -289,8 +308,8 @@ class Search:
                 forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
                 if a.gate == "confidence" and a.threshold is None:
                     self.collect(children)  # the gate learns from every label so far
-                chosen = self.gate(parent, cands, forecasts, step, tag)     # 4. gate
-                children[pid] = []
+                chosen, trusted = self.gate(parent, cands, forecasts, step, tag)  # 4. gate
+                children[pid] = self.forecast_children(trusted, cands, forecasts)  # (trusted: no GPU run)
                 self.measure(chosen, cands, forecasts, step, parent)        # 5. measure: sent...
             self.collect(children)                                          # ... and back
             self.update(step, parents, children, t_start)                    # 6. update
@@ -348,29 +367,10 @@ class Search:
         return [as_forecast(v) for v in fc["forecasts"]]
 
     def gate(self, parent, cands, forecasts, step, tag):
-        """4. Indices of the candidates to measure, in order; the rest are skipped with a reason."""
-        a = self.args
-        if a.gate == "none":
-            chosen, skipped, tau = list(range(len(cands))), {}, None
-        else:
-            order = sorted(range(len(cands)), key=lambda j: -rank_key(forecasts[j], a.rank_by))
-            if a.gate == "topk":
-                chosen, tau = order[: a.measure_per_parent], None
-                skipped = {j: "below top-k" for j in order[len(chosen):]}
-            else:
-                gate, wanted, skipped = self._confidence_gate(), [], {}
-                for j in order:
-                    if gate is None or gate.decide(forecasts[j]) == "defer":
-                        wanted.append(j)
-                    elif predicts_gain(forecasts[j], parent.reward):
-                        wanted.append(j)
-                    else:
-                        skipped[j] = "confident: no gain over parent"
-                for j in wanted[a.measure_per_parent:]:
-                    skipped[j] = "over the per-parent cap"
-                chosen = wanted[: a.measure_per_parent]
-                tau = None if gate is None or math.isinf(gate.threshold) else gate.threshold
-        room = max(0, a.budget - self.tally.measurements)
+        """4. (indices of the candidates to measure, in order; indices whose trusted forecast stands
+        in for a measurement, with --forecast-reward); the rest are skipped with a reason."""
+        chosen, trusted, skipped, tau = select(self.args, parent.reward, forecasts, self.labels, len(cands))
+        room = max(0, self.args.budget - self.tally.measurements)
         for j in chosen[room:]:
             skipped[j] = "budget spent"
         chosen = chosen[:room]
@@ -379,20 +379,21 @@ class Search:
         self.tally.skipped += len(skipped)
         self.log.note("selection", f"{tag}/select", step, parent.id, {
             "measure": [cands[j][0] for j in chosen], "threshold": tau,
-            "skip": {cands[j][0]: why for j, why in sorted(skipped.items())}})
-        return chosen
+            "skip": {cands[j][0]: why for j, why in sorted(skipped.items())},
+            **({"forecast_reward": [cands[j][0] for j in trusted]} if self.args.forecast_reward else {})})
+        return chosen, trusted
 
-    def _confidence_gate(self):
-        """The confidence gate of this step: --threshold, or learnt from the labels so far by
-        forecaster.Gate.from_labelled (threshold inf when none meets the target risk); None (defer
-        everything) until --min-labels labels exist."""
-        a = self.args
-        if a.threshold is not None:
-            return Gate(a.score, a.threshold)
-        if len(self.labels) < a.min_labels:
-            return None
-        forecasts, true_bins = zip(*self.labels)
-        return Gate.from_labelled(forecasts, true_bins, a.target_risk, a.delta, score=a.score)
+    def forecast_children(self, trusted, cands, forecasts):
+        """(--forecast-reward) The trusted children as archive children whose reward is their
+        forecast's expected speedup, marked measured=False: no GPU run, no training row, no point
+        on the measured curve."""
+        kids = []
+        for j in trusted:
+            cid, code = cands[j]
+            r = forecast_speedup(forecasts[j])
+            kids.append((cid, code, r, {"result": {"status": "forecast", "speedup": r}}, False))
+        self.tally.forecast_rewards += len(kids)
+        return kids
 
     def measure(self, chosen, cands, forecasts, step, parent):
         """5. Send the chosen candidates to the measurement pool; collect() takes the results. Each
@@ -415,7 +416,7 @@ class Search:
             m = res["measurement"]
             ok = m["status"] == "ok" and bool(m.get("speedup"))
             t.speedups.append(m["speedup"] if ok else None)
-            if forecast is not None and ok and not forecast.parse_failed:  # a label for the gate
+            if forecast is not None and ok and forecast.probs is not None:  # a label for the gate
                 self.labels.append((forecast, bins.speedup_to_bin(m["speedup"])))
             if ok:
                 children[parent.id].append((cid, code, self.reward(m), {"result": _brief(m)}))
@@ -452,6 +453,7 @@ class Search:
         if old is None:
             self.log.append("config", None, "config", None, mine)
         else:
+            old = LOGGED_BEFORE_PROTOCOLS | old  # a log written before these options existed
             for k in list(mine) + [k for k in old if k not in mine]:  # task, gate, seed first
                 if old.get(k) != mine.get(k):
                     raise SearchError(f"{self.out} holds a run with {k}={old.get(k)!r}, but this "
@@ -474,8 +476,8 @@ class Search:
     def _forecast(self, codes):
         t = time.perf_counter()
         fs = self.forecaster.forecast_many(self.args.task, self.seed_code, codes)
-        views = [{"parse_failed": bool(f.parse_failed),
-                  "probs": None if f.parse_failed else [float(p) for p in f.probs],
+        views = [{"parse_failed": bool(f.parse_failed), "deferred": bool(getattr(f, "deferred", False)),
+                  "probs": None if f.probs is None else [float(p) for p in f.probs],
                   "record": f.to_dict()} for f in fs]
         return {"forecasts": views, "seconds": time.perf_counter() - t}
 
@@ -486,11 +488,13 @@ class Search:
         t, best = self.tally, self.archive.best()
         return {
             "task": self.args.task, "gate": self.args.gate, "seed": self.args.seed,
+            "protocol": self.args.protocol,
             "mutator": self.args.mutator, "forecaster": self.forecaster_name or None,
             "budget": self.args.budget, "steps": t.steps, "measurements": t.measurements,
             "seed_measurements": 1, "candidates_proposed": t.proposed,
             "candidates_considered": t.considered, "failed_mutations": t.failed_mutations,
             "duplicates": t.duplicates, "forecasts": t.forecasts, "skipped": t.skipped,
+            "forecast_rewards": t.forecast_rewards,
             "skipped_by_reason": t.skipped_by_reason, "failed_measurements": t.failed_measurements,
             "fast_1": metrics.fast_p(t.speedups, 1.0), "target_bin": self.args.target_bin,
             "training_rows": len(self.rows), "best_speedup": best.info["result"]["speedup"],
@@ -552,10 +556,13 @@ def _progress(total, enabled):
 def run_one(args, gate, out, env, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     import tasks
-    args = replace(args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
-                   mutations=args.mutations or (4 if gate == "none" else env.gated_mutations))
-    say(f"search: {args.task}, gate {gate}, {args.mutations} mutations per parent, budget "
-        f"{args.budget} measurements, {args.steps} steps x {args.parents} parents -> {out}")
+    args = with_protocol_defaults(replace(
+        args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
+        mutations=args.mutations or (4 if gate == "none" else env.gated_mutations),
+        forecast_reward=args.forecast_reward and gate != "none"))
+    say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
+        f"budget {args.budget} measurements, {args.steps} steps x {args.parents} parents, "
+        f"{args.keep_children} children kept per parent -> {out}")
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
                     pool=env.pool, forecaster=env.forecaster,
                     forecaster_name=env.forecaster_name if gate != "none" else "",
@@ -564,9 +571,11 @@ def run_one(args, gate, out, env, say=print):
 
 
 def _report(s):
+    fast = "-" if s["fast_1"] is None else f"{s['fast_1']:.2f}"
     return (f"best speedup {s['best_speedup']:.3f}x ({s['best_node']}) after {s['measurements']} "
             f"measurements, {s['candidates_considered']} candidates considered, {s['forecasts']} "
-            f"forecasts, {s['skipped']} skipped")
+            f"forecasts, {s['skipped']} skipped, fast_1 {fast}"
+            + (f", {s['forecast_rewards']} admitted on a forecast" if s["forecast_rewards"] else ""))
 
 
 def main(argv=None):

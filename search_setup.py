@@ -5,10 +5,12 @@ them for this machine from the command line's options, and says at start-up what
 why, so a plain `python search.py --task cross_entropy` runs anywhere:
 - the measurement scale: the paper's benchmark shapes timed with CUDA events on a GPU, small
   shapes in the Triton interpreter otherwise (CPU times, not GPU times);
-- the mutator: an LLM (--server, --model, or GPT-OSS-20B weights cached on a GPU machine), else
-  the offline catalog of the task's hand-written variants and `# tune:` edits;
+- the mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights cached on a GPU
+  machine), else the offline catalog of the task's hand-written variants and `# tune:` edits;
 - the forecaster (with a gate): a server, a local model with or without a LoRA adapter, or the
-  embedded SmolLM2, which cannot judge kernels but exercises the pipeline;
+  embedded SmolLM2, which cannot judge kernels but exercises the pipeline; its prompt is the
+  protocol's, the abstain tool offered with --abstain, a failed forecast retried --parse-retries
+  times;
 - the budget and the mutations per parent, smaller without an LLM or a GPU;
 - the sandbox: checked at start-up, not at the first measurement minutes later;
 - where measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N
@@ -21,6 +23,7 @@ are all answered from its event log builds none.
 """
 from dataclasses import dataclass
 
+from forecast_prompt import hardware_info
 from forecaster import Forecaster
 from lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
@@ -72,6 +75,11 @@ def setup(args, say=print):
 
     import measure_pool
     import tasks
+    paper = args.protocol == "paper"
+    retries = int(paper) if args.parse_retries is None else args.parse_retries
+    say(f"protocol: {args.protocol}" + (" (the original's search: its forecast prompt, 4 children kept per "
+        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
+        else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     if args.ray:
         if args.devices != "all" or args.workers:
             raise SetupError("--ray lets Ray place each measurement on a GPU of the cluster; drop --devices and --workers")
@@ -109,17 +117,26 @@ def setup(args, say=print):
     if args.server:
         llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
         llm_name = f"{args.server_model} at {args.server}"
-    elif args.model or want_llm:
+    elif args.model or (want_llm and not args.mutator_server):
         llm_name = local_model(args.model)
         if llm_name:
             llm = Lazy(lambda: b.TransformersBackend(llm_name, device=args.llm_device))
+    # the mutator may be another model on another server (the paper: a hosted mutator, GPT-OSS-20B
+    # forecasting); by default the forecaster's model mutates too
+    mutator_llm, mutator_llm_name = llm, llm_name
+    if args.mutator_server or args.mutator_model:
+        url, name = args.mutator_server or args.server, args.mutator_model or args.server_model
+        if url is None:
+            raise SetupError("--mutator-model names a model on a server: pass --mutator-server URL (or --server URL)")
+        mutator_llm, mutator_llm_name = Lazy(lambda: b.OpenAIServerBackend(url, model=name)), f"{name} at {url}"
 
     description = tasks.get_task(args.task).DESCRIPTION
-    if args.mutator == "llm" and llm is None:
-        raise SetupError("--mutator llm needs a model: pass --server URL or --model NAME")
-    if llm is not None and args.mutator != "catalog":
-        mutator, mutator_name = LLMMutator(llm, description, target_bin=args.target_bin), f"llm:{llm_name}"
-        say(f"mutator: LLM {llm_name}")
+    if args.mutator == "llm" and mutator_llm is None:
+        raise SetupError("--mutator llm needs a model: pass --server URL, --mutator-server URL or --model NAME")
+    if mutator_llm is not None and args.mutator != "catalog":
+        mutator = LLMMutator(mutator_llm, description, target_bin=args.target_bin)
+        mutator_name = f"llm:{mutator_llm_name}"
+        say(f"mutator: LLM {mutator_llm_name}")
     else:
         mutator, mutator_name = CatalogMutator(tasks.variant_sources(args.task)), "catalog"
         why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
@@ -142,19 +159,26 @@ def setup(args, say=print):
         else:
             fname, build = "embedded SmolLM2-135M", b.embedded_backend
         embedded = fname.startswith("embedded")
-        readout = args.readout or ("logits" if embedded else "verbalized")
-        forecaster = Lazy(lambda: Forecaster(build(), readout=readout))
-        forecaster_name = f"{fname} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "")
+        readout = args.readout or ("logits" if embedded and not args.abstain else "verbalized")
+        if args.abstain and readout != "verbalized":
+            raise SetupError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
+        # the candidates are measured here: the forecaster is shown this machine (its GPU, or the
+        # CPU profile at CPU scale), as the training rows the search writes will show it
+        hardware = hardware_info() if scale == "benchmark" else hardware_info("cpu")
+        forecaster = Lazy(lambda: Forecaster(build(), readout=readout, hardware=hardware, protocol=args.protocol,
+                                             abstain=args.abstain, parse_retries=retries))
+        forecaster_name = f"{fname} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "") \
+            + (", abstain tool" if args.abstain else "")
         say(f"forecaster: {forecaster_name}" + (
             ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
             "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
 
     gated_mutations = 16
-    if forecaster_name.startswith("embedded") and args.mutations is None:
+    if forecaster_name.startswith("embedded") and args.mutations is None and not paper:
         gated_mutations = CPU_GATED_MUTATIONS
         say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
             "--mutations 16 once a real forecaster is at hand)")
-    real = mutator_name.startswith("llm") and scale == "benchmark"
+    real = (mutator_name.startswith("llm") and scale == "benchmark") or paper
     budget = args.budget or (PAPER_BUDGET if real else CPU_BUDGET)
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "

@@ -22,7 +22,8 @@ from mutators import (CatalogMutator, LLMMutator, extract_code, feedback_text, m
 from forecaster import Gate
 from measure_pool import MeasurePool
 from puct import Archive, Node
-from search import Args, Search, SearchError, as_forecast, predicts_gain
+from search import Args, Search, SearchError
+from search_gate import as_forecast, predicts_gain
 from search_setup import Setup
 from records import EventLog, RecordError
 
