@@ -212,3 +212,16 @@ def test_the_mutator_can_be_another_model_on_another_server():
     assert env.budget == 320 and any(line.startswith("protocol: paper") for line in said)
     with pytest.raises(SetupError, match="--mutator-server"):
         setup(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)
+
+
+def test_a_log_written_before_the_protocol_options_resumes(tmp_path):
+    s, first, measure = run(tmp_path, budget=4)
+    log = tmp_path / "run" / "events.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    for key in ("protocol", "abstain", "forecast_reward", "parse_retries"):
+        del events[0]["payload"][key]  # the config event of an older search.py
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    _, again, _ = run(tmp_path, budget=4, measure=measure)
+    assert again["measurements"] == 4 and len(measure.calls) == 5  # nothing measured again
+    with pytest.raises(SearchError, match="protocol='ours'.*protocol='paper'"):
+        run(tmp_path, budget=4, measure=measure, protocol="paper")
