@@ -10,17 +10,14 @@ Then every step of the search runs these phases, in this order (Search.run):
      edits of their `# tune:` constants (CatalogMutator). Code proposed before is dropped.
   3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference.
   4. Gate. The gate decides which children deserve a real measurement (--gate; search_gate.py):
-       none        measure every mutation (the paper's standard search).
-       topk        forecast every mutation, measure the k best by expected bin (the paper's
-                   surrogate-filtered search: 16 forecast, 4 measured per parent).
-       confidence  the selective gate (forecaster.Gate): measure a child when the forecaster
-                   is unsure (the gate defers) or when it confidently predicts a gain over the
-                   parent; skip it when it confidently predicts no gain.
+     none (measure every mutation: the paper's standard search), topk (measure the k best by
+     expected bin: its surrogate-filtered search, 16 forecast, 4 measured per parent) or
+     confidence (the selective gate: measure when unsure or when a gain is predicted).
   5. Measure. measure.py measures the chosen children; the reward is the geomean speedup over the
-     reference. With --forecast-reward (confidence gate) a child the gate trusts is not measured:
-     it enters the archive with the forecast's expected speedup as its reward, marked as a
-     forecast (it is never a training row, never the best kernel, never on the measured curve). Each success is a training row for the forecaster (training_rows.jsonl) and a
-     label for the confidence gate: the search's measurements train the forecaster that gates
+     reference. (With --forecast-reward a child the confidence gate trusts is not measured: its
+     forecast's expected speedup is its reward, and it is marked as a forecast: never a training
+     row, the best kernel or a point of the measured curve.) Each success is a training row for
+     the forecaster (training_rows.jsonl) and a label for the confidence gate: the search's measurements train the forecaster that gates
      the next search. Measurements run concurrently, one per device (measure_pool.py: every GPU
      of the machine, --workers on CPU, or a Ray cluster with --ray): a parent's children are sent
      off as soon as they are chosen, and the next parent is mutated and forecast meanwhile; the
@@ -46,14 +43,7 @@ Decisions this file documents:
   - Budget: --budget counts measurements of *candidates*, counted when sent (so those in flight
     count too: never more than --budget). The seed is measured once before the search as its
     root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
-  - The forecaster forecasts speedup over the task's reference (the seed code is the anchor), so
-    "predicts a gain over its parent" means E[log2 S] under the forecast exceeds log2 of the
-    parent's measured reward. bins.BIN_LOG2_SPEEDUP gives each bin's log-speedup.
-  - The confidence gate's threshold is --threshold, or is learnt from the forecasts of candidates
-    measured so far (forecast bin vs true bin) by forecaster.Gate.from_labelled. Until
-    --min-labels labels exist (or no threshold meets the target risk), every candidate is deferred.
-    Only successful measurements are labels (a failed kernel has no true bin). At most
-    --measure-per-parent candidates per parent are measured in both gated modes.
+  - The gate's rules (a gain over the parent, the learnt threshold, the ranking) are search_gate.py's.
   - Resume: every request and result is a line in OUT/events.jsonl. A rerun replays the search
     from the start, answering each request from the log; only requests without a logged result
     are issued again. Mutation, forecast and measurement results are all logged (a measurement's

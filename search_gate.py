@@ -14,6 +14,15 @@ the forecasts alone, which children are measured (search.py --gate):
                 over its parent and skipped otherwise, or, with --forecast-reward, admitted to the
                 archive with its forecast as its reward (`trusted`), with no GPU run.
 
+The forecaster forecasts speedup over the task's reference (the seed code is the anchor), so
+"predicts a gain over its parent" means E[log2 S] under the forecast exceeds log2 of the parent's
+reward (bins.BIN_LOG2_SPEEDUP gives each bin's log-speedup). The confidence gate's threshold is
+--threshold, or is learnt from the forecasts of the children measured so far (forecast bin vs true
+bin) by forecaster.Gate.from_labelled; until --min-labels labels exist (or when no threshold meets
+the target risk) every child is deferred. Only successful measurements are labels (a failed kernel
+has no true bin). At most --measure-per-parent children per parent are measured in both gated
+modes.
+
 Pure decisions, no bookkeeping: search.py applies the budget, counts, and logs them. Kept apart
 from the loop because this is where the paper's idea, a surrogate that knows when to defer, meets
 the search.
