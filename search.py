@@ -158,8 +158,8 @@ class Args:
                                       "API key from $OPENAI_API_KEY")
     mutator_model: str | None = flag(None, "the mutator's model name on --mutator-server (default --server-model)")
     llm_device: str | None = flag(None, "GPU of a local LLM (mutator and forecaster), e.g. cuda:1, away from "
-                                  "the GPU the measurements time on; default: transformers places it, "
-                                  "filling cuda:0 first (docs/GPU.md has the memory plan)")
+                                  "the GPUs the measurements time on; default: the last GPU, which the "
+                                  "measurements then leave out when there are several")
     no_memory_check: bool = flag(False, "skip the start-up check that the LLM and the measure workers fit in "
                                  "the GPU's memory (its worker figure is an estimate)")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "

@@ -191,9 +191,11 @@ def setup(args, say=print):
             measure_sandbox.require_sandbox()
         except measure_sandbox.SandboxUnavailable as e:
             raise SetupError(str(e)) from None
+    local = [m for m in (llm_name if llm is not None and not args.server else None, args.forecaster_model) if m]
+    if scale == "benchmark" and local and not args.ray:
+        devices = place_local_llm(args, devices, say)
     if scale == "benchmark" and not args.no_memory_check and not args.ray:  # Ray's tasks get GPUs of their own
-        local = [m for m in (llm_name if llm is not None and not args.server else None, args.forecaster_model) if m]
-        problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter))
+        problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter), devices=devices)
         if problem:
             raise SetupError(problem)
     measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
@@ -241,29 +243,60 @@ def weights_bytes(name_or_path):
     return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
-def gpu_memory_problem(task, local_models, llm_device, adapter, mem_get_info=None):
-    """None if a local LLM (`local_models`, loaded on `llm_device` or by transformers from cuda:0
-    on) and the measure workers fit in cuda:0's free memory; else the one-line reason and fix.
-    A server on this machine (vLLM takes 90% of a GPU by default) shows up as memory already taken."""
+def place_local_llm(args, devices, say):
+    """One GPU, two tenants. A local LLM generating on a GPU while a candidate is timed there
+    disturbs the timing (the search mutates and forecasts the next parent while this one's
+    children are measured). With several GPUs the LLM gets one of its own, the last unless
+    --llm-device names it, and the measurements the others (unless --devices names them); with
+    one GPU they share it, and the start-up notes say so. Sets args.llm_device; returns the
+    measurement devices."""
+    import torch
+    n = torch.cuda.device_count()
+    if args.llm_device is None:
+        args.llm_device = f"cuda:{n - 1}"  # one GPU, not transformers' spreading over all of them
+    index = torch.device(args.llm_device).index or 0
+    shared = [d for d in devices if (torch.device(d).index or 0) == index]
+    if shared and args.devices in (None, "all") and len(devices) > 1:
+        devices = [d for d in devices if d not in shared]
+        say(f"local LLM on cuda:{index}; measurements on {', '.join(devices)} (a GPU that generates while a "
+            "candidate is timed on it disturbs the timing)")
+    elif shared:
+        say(f"note: the local LLM shares cuda:{index} with the measurements: it generates while candidates "
+            "are timed there, which adds noise to their timings; give it a GPU of its own (--llm-device, "
+            "with --devices leaving that GPU out) or serve it elsewhere (--server)")
+    else:
+        say(f"local LLM on cuda:{index}")
+    return devices
+
+
+def gpu_memory_problem(task, local_models, llm_device, adapter, devices=("cuda:0",), mem_get_info=None):
+    """None if a local LLM (`local_models`, loaded on `llm_device`, or by transformers from cuda:0
+    on) and the measure workers fit in the free memory of every measurement GPU (`devices`); else
+    the one-line reason and fix. A server on this machine (vLLM takes 90% of a GPU by default)
+    shows up as memory already taken."""
     import torch
     mem_get_info = mem_get_info or torch.cuda.mem_get_info
-    free, total = mem_get_info(0)
+    llm_index = torch.device(llm_device).index or 0 if llm_device else 0
     workers = 2 * worker_gpu_bytes(task)  # the reference and the candidate's sandbox, side by side
-    shares = llm_device is None or torch.device(llm_device).index in (None, 0)
     # Weights, plus a fifth for the KV cache and activations. An adapter on GPT-OSS needs its MXFP4
     # experts dequantised to bf16: about three times the checkpoint.
-    llm = sum(weights_bytes(m) for m in local_models) * (3 if adapter else 1) * 1.2 if shares else 0
-    if llm + workers <= free:
-        return None
+    llm_bytes = sum(weights_bytes(m) for m in local_models) * (3 if adapter else 1) * 1.2
     gib = 2 ** 30
-    need = (f"measuring {task} needs about {workers / gib:.0f} GiB (a reference and a candidate worker, "
-            f"estimated from its benchmark shapes)")
-    if llm:
-        return (f"cuda:0 has {free / gib:.0f} of {total / gib:.0f} GiB free; the local LLM needs about "
-                f"{llm / gib:.0f} GiB and {need}: put the LLM on another GPU with --llm-device cuda:1, or "
-                f"serve it (vllm serve ... --gpu-memory-utilization {max(0.1, (total - workers) / total * 0.9):.2f}) "
-                "and pass --server; --no-memory-check skips this check")
-    return (f"cuda:0 has {free / gib:.0f} of {total / gib:.0f} GiB free and {need}: if a vLLM server "
-            f"holds this GPU, restart it with --gpu-memory-utilization "
-            f"{max(0.1, (total - workers) / total * 0.9):.2f} or on another GPU (CUDA_VISIBLE_DEVICES); "
-            "--no-memory-check skips this check")
+    for device in devices:
+        index = torch.device(device).index or 0
+        free, total = mem_get_info(index)
+        llm = llm_bytes if index == llm_index else 0
+        if llm + workers <= free:
+            continue
+        need = (f"measuring {task} needs about {workers / gib:.0f} GiB (a reference and a candidate worker, "
+                f"estimated from its benchmark shapes)")
+        util = max(0.1, (total - workers) / total * 0.9)
+        if llm:
+            return (f"cuda:{index} has {free / gib:.0f} of {total / gib:.0f} GiB free; the local LLM needs about "
+                    f"{llm / gib:.0f} GiB and {need}: put the LLM on a GPU the search does not measure on "
+                    f"(--llm-device cuda:N with --devices leaving N out), or serve it (vllm serve ... "
+                    f"--gpu-memory-utilization {util:.2f}) and pass --server; --no-memory-check skips this check")
+        return (f"cuda:{index} has {free / gib:.0f} of {total / gib:.0f} GiB free and {need}: if a vLLM server "
+                f"holds this GPU, restart it with --gpu-memory-utilization {util:.2f} or leave the GPU out of "
+                "--devices; --no-memory-check skips this check")
+    return None

@@ -942,9 +942,13 @@ def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
     assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
     # With an adapter the experts are dequantised to bf16 (~3x): no longer fits beside the workers.
     msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, True, mem_get_info=busy)
-    assert msg and "--llm-device cuda:1" in msg and "--server" in msg and len(msg.splitlines()) == 1
+    assert msg and "--llm-device cuda:N" in msg and "--server" in msg and len(msg.splitlines()) == 1
     # The LLM on another GPU: the measurement GPU holds only the workers.
     assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], "cuda:1", True, mem_get_info=busy) is None
+    # Measuring on cuda:0 and cuda:1 while the LLM sits on cuda:1: cuda:1 is the one that is short.
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], "cuda:1", True,
+                                          devices=["cuda:0", "cuda:1"], mem_get_info=busy)
+    assert msg and msg.startswith("cuda:1 has")
     # A vLLM server holding 90% of an H200: the workers no longer fit, and the fix is named.
     h200_served = lambda device: (14 * gib, 141 * gib)  # noqa: E731
     msg = search_setup.gpu_memory_problem("cross_entropy", [], None, False, mem_get_info=h200_served)
@@ -953,3 +957,25 @@ def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
     assert 141 * gib * (1 - util) >= workers  # what the message suggests leaves the workers room
     # The small GDN tasks fit beside the same server.
     assert search_setup.gpu_memory_problem("gdn_chunk_fwd_h", [], None, False, mem_get_info=h200_served) is None
+
+
+def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):
+    import types
+
+    import torch
+
+    import search_setup
+    said = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    args = types.SimpleNamespace(llm_device=None, devices="all")
+    devices = search_setup.place_local_llm(args, ["cuda:0", "cuda:1", "cuda:2"], said.append)
+    assert args.llm_device == "cuda:2" and devices == ["cuda:0", "cuda:1"]
+    # Devices named by the user are kept, and the sharing is said.
+    args = types.SimpleNamespace(llm_device="cuda:0", devices="0,1")
+    assert search_setup.place_local_llm(args, ["cuda:0", "cuda:1"], said.append) == ["cuda:0", "cuda:1"]
+    assert "shares cuda:0" in said[-1] and "--llm-device" in said[-1]
+    # One GPU: shared, and said.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = types.SimpleNamespace(llm_device=None, devices="all")
+    assert search_setup.place_local_llm(args, ["cuda:0"], said.append) == ["cuda:0"]
+    assert args.llm_device == "cuda:0" and "shares cuda:0" in said[-1]
