@@ -312,8 +312,13 @@ def build_parser():
                         "task, reference, hardware) for every candidate instead of once per task; the "
                         "same forecasts within numerical noise, slower (for comparison)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="candidates run through the model together (default 8; 1 for the embedded model, "
-                        "for which a padded batch on a CPU costs more than it saves)")
+                   help="candidates run through the model together (default: as many as the GPU's free memory "
+                        "holds at the prompts' length, 8 on a CPU; 1 for the embedded model, for which a padded "
+                        "batch on a CPU costs more than it saves)")
+    p.add_argument("--attention", default="auto",
+                   help="attention implementation of a local model; auto: flex attention for GPT-OSS on a GPU "
+                        "(eager attention's score tensors do not fit at forecast prompt lengths), the model's "
+                        "default otherwise")
     p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
     p.add_argument("--json", action="store_true", help="print the forecast as JSON")
     return p
@@ -353,7 +358,8 @@ def main(argv=None, backend=None):
         t0 = time.perf_counter()
         backend = backend or choose_backend(server=args.server, model=args.model, embedded=args.embedded,
                                             adapter=args.adapter, api_key=args.api_key,
-                                            reasoning_effort=args.reasoning_effort, batch_size=args.batch_size)
+                                            reasoning_effort=args.reasoning_effort, batch_size=args.batch_size,
+                                            attention=args.attention)
         t_loaded = time.perf_counter()
         print(f"protocol: {args.protocol} ({'the original prompt, ' if paper else ''}{max_new} new tokens, "
               f"{retries} retr{'y' if retries == 1 else 'ies'} of an answer that does not parse"
@@ -366,7 +372,7 @@ def main(argv=None, backend=None):
                         hardware=hardware, prefix_cache=not args.no_prefix_cache, protocol=args.protocol,
                         abstain=args.abstain, parse_retries=retries)
         if args.eval:
-            n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 8)
+            n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 64)
             t_end = time.perf_counter()
             prefix = "recomputed for every candidate" if args.no_prefix_cache else "computed once per task"
             print(f"wrote {n} prediction rows to {args.out} in {t_end - t0:.1f} s (model load "

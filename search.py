@@ -149,7 +149,9 @@ class Args:
     model: str | None = flag(None, "local transformers model (name or folder) for the mutator and the "
                                f"forecaster; default {DEFAULT_MODEL} on a GPU when its weights are cached")
     forecaster_model: str | None = flag(None, "a different local model for the forecaster")
-    adapter: str | None = flag(None, "LoRA adapter folder for the forecaster model (from train_grpo.py)")
+    adapter: str | None = flag(None, "LoRA adapter folder for the forecaster model (from train_grpo.py); with "
+                                 "--server, the name the server serves it under (vllm serve --enable-lora "
+                                 "--lora-modules NAME=FOLDER), which the forecaster's requests ask for")
     server: str | None = flag(None, "OpenAI-compatible server URL (vLLM/SGLang), used for both the mutator "
                                 "and the forecaster, e.g. http://localhost:8000/v1")
     server_model: str = flag(DEFAULT_MODEL, "model name on --server")

@@ -7,7 +7,8 @@ why, so a plain `python search.py --task cross_entropy` runs anywhere:
   shapes in the Triton interpreter otherwise (CPU times, not GPU times);
 - the mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights cached on a GPU
   machine), else the offline catalog of the task's hand-written variants and `# tune:` edits;
-- the forecaster (with a gate): a server, a local model with or without a LoRA adapter, or the
+- the forecaster (with a gate): a server, a local model with or without a LoRA adapter (the
+  mutator's model with the adapter is the same weights, switched: one copy in memory), or the
   embedded SmolLM2, which cannot judge kernels but exercises the pipeline; its prompt is the
   protocol's, the abstain tool offered with --abstain, a failed forecast retried --parse-retries
   times;
@@ -21,6 +22,7 @@ why, so a plain `python search.py --task cross_entropy` runs anywhere:
 Models are named and checked here but built on first use (Lazy): a resumed run whose requests
 are all answered from its event log builds none.
 """
+import functools
 from dataclasses import dataclass
 
 from forecast_prompt import hardware_info
@@ -112,14 +114,20 @@ def setup(args, say=print):
             return b.pick_local_model(name)
         except ModelNotFound as e:
             raise SetupError(str(e)) from None
-    llm, llm_name = None, None
-    want_llm = args.mutator != "catalog" or (args.gate != "none" or args.compare)
+    llm, llm_name, adapted = None, None, None
+    gated = args.gate != "none" or args.compare
+    want_llm = args.mutator != "catalog" or gated
     if args.server:
         llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
         llm_name = f"{args.server_model} at {args.server}"
     elif args.model or (want_llm and not args.mutator_server):
         llm_name = local_model(args.model)
-        if llm_name:
+        if llm_name and args.adapter and gated and not args.forecaster_model:
+            # one copy of the weights: the forecaster with the adapter, the mutator without it
+            adapted = functools.cache(lambda: b.TransformersBackend(llm_name, adapter=args.adapter,
+                                                                       device=args.llm_device))
+            llm = Lazy(lambda: adapted().without_adapter())
+        elif llm_name:
             llm = Lazy(lambda: b.TransformersBackend(llm_name, device=args.llm_device))
     # the mutator may be another model on another server (the paper: a hosted mutator, GPT-OSS-20B
     # forecasting); by default the forecaster's model mutates too
@@ -145,15 +153,15 @@ def setup(args, say=print):
         say(f"mutator: offline catalog (the task's hand-written variants and `# tune:` edits): {why}")
 
     forecaster, forecaster_name = None, ""
-    if args.gate != "none" or args.compare:
+    if gated:
         if args.forecaster_model:
             local_model(args.forecaster_model)
             fname, build = args.forecaster_model, lambda: b.TransformersBackend(
                 args.forecaster_model, adapter=args.adapter, device=args.llm_device)
-        elif args.server and args.adapter:  # the server serves the adapter under its own name
-            fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.server_model, adapter=args.adapter)
-        elif llm is not None and args.adapter:  # a second copy of the model, with the adapter
-            fname, build = llm_name, lambda: b.TransformersBackend(llm_name, adapter=args.adapter, device=args.llm_device)
+        elif args.server and args.adapter:  # the server serves the adapter under the name --adapter gives
+            fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.adapter, adapter=args.adapter)
+        elif adapted is not None:  # the mutator's weights, with the adapter on
+            fname, build = llm_name, adapted
         elif llm is not None:  # the mutator's model forecasts too
             fname, build = llm_name, lambda: llm
         else:

@@ -1,0 +1,361 @@
+"""Tests of lm.py's GPU-facing choices, on CPU: how GPT-OSS is loaded (attention, dequantisation),
+how many rows a GPU holds (lm_memory.py, with GPT-OSS-20B's real config), completion log-probs
+projected a chunk at a time, and one copy of the weights serving the base model and an adapter.
+What only a GPU can settle (flex attention against eager on CUDA, the memory it saves) is in the
+gpu-marked tests at the end, which scripts/gpu_check.py runs first."""
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cli  # noqa: E402
+import lm  # noqa: E402
+import lm_memory  # noqa: E402
+import tiny_models  # noqa: E402
+
+GIB = 2 ** 30
+
+
+def gpt_oss_20b_config(**kw):
+    """GPT-OSS-20B's config as published (no weights): the numbers the memory plan depends on."""
+    from transformers import GptOssConfig
+    return GptOssConfig(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+                        layer_types=["sliding_attention", "full_attention"] * 12, **kw)
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def test_gpt_oss_loads_with_flex_attention_on_a_gpu_and_dequantised_for_an_adapter():
+    from transformers import GptOssForCausalLM, LlamaConfig, Mxfp4Config
+    cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
+    assert GptOssForCausalLM._supports_flex_attn and not GptOssForCausalLM._supports_sdpa
+    gpu = lm.load_kwargs(cfg, on_gpu=True)
+    assert gpu == {"dtype": "auto", "device_map": "auto", "attn_implementation": "flex_attention"}
+    # an adapter: the MXFP4 experts become bf16 tensors its expert matrices can attach to
+    adapted = lm.load_kwargs(cfg, on_gpu=True, dequantize=True)
+    assert isinstance(adapted["quantization_config"], Mxfp4Config) and adapted["quantization_config"].dequantize
+    train = lm.load_kwargs(cfg, on_gpu=True, training=True, device=torch.device("cuda", 1))
+    assert train["dtype"] == torch.bfloat16 and train["device_map"] == {"": torch.device("cuda", 1)}
+    assert train["quantization_config"].dequantize and train["attn_implementation"] == "flex_attention"
+    assert lm.load_kwargs(cfg, on_gpu=True, device=torch.device("cuda", 1))["device_map"] == {"": torch.device("cuda", 1)}
+    # CPU: transformers' default (eager; its flex path refuses GPT-OSS's sinks there); a flag overrides
+    assert lm.load_kwargs(cfg, on_gpu=False) == {"dtype": torch.float32}
+    assert lm.load_kwargs(cfg, on_gpu=True, attention="eager")["attn_implementation"] == "eager"
+    # other models keep their default (SDPA); a checkpoint without MXFP4 is never given a quantizer
+    assert "attn_implementation" not in lm.load_kwargs(LlamaConfig(), on_gpu=True)
+    assert "quantization_config" not in lm.load_kwargs(gpt_oss_20b_config(), on_gpu=True, dequantize=True)
+
+
+def test_use_attention_switches_a_model_in_memory():
+    model = tiny_models.tiny_gpt_oss()
+    assert lm.use_attention(model, "auto").config._attn_implementation == "eager"  # CPU: eager stays
+    assert lm.use_attention(model, "flex_attention").config._attn_implementation == "flex_attention"
+
+
+# ---- how many rows fit ------------------------------------------------------------------------
+
+def test_kv_cache_bytes_of_gpt_oss_20b():
+    cfg = gpt_oss_20b_config()
+    per_token_layer = 2 * 8 * 64 * 2  # keys and values, 8 KV heads of 64, bf16
+    assert lm_memory.kv_bytes(cfg, 1000, sliding_capped=False) == 24 * 1000 * per_token_layer
+    # the 12 sliding-window layers keep 128 tokens once their cache drops older ones
+    assert lm_memory.kv_bytes(cfg, 12800) == (12 * 12800 + 12 * 128) * per_token_layer
+    assert lm_memory.kv_bytes(cfg, 100) == 24 * 100 * per_token_layer  # shorter than the window
+
+
+def test_batch_sizes_for_gpt_oss_20b_on_80_and_141_gb_cards():
+    """GPT-OSS-20B is ~42 GB in bf16 (an adapter or training dequantises it), ~14 GB with MXFP4
+    experts; forecast prompts run 2.5k-4.6k tokens."""
+    cfg = gpt_oss_20b_config()
+    h100_bf16, h200_mxfp4 = 36 * GIB, 125 * GIB  # free after the weights, CUDA context and adapter
+    forecast = dict(prompt_tokens=4600, new_tokens=4096)
+    flex = lm_memory.rows_that_fit(cfg, h100_bf16, **forecast)
+    eager = lm_memory.rows_that_fit(cfg, h100_bf16, eager_attention=True, **forecast)
+    assert 8 <= flex <= 32 and eager <= 2  # eager: 10.8 GB of scores a row at 4,600 tokens
+    # what fits does fit, with the headroom kept, and one more row would not
+    per_row = lm_memory.row_bytes(cfg, computed_tokens=4600, **forecast)
+    assert flex * per_row <= 0.8 * h100_bf16 < (flex + 1) * per_row
+    assert lm_memory.rows_that_fit(cfg, h200_mxfp4, **forecast) > 2 * flex
+    shorter = lm_memory.rows_that_fit(cfg, h100_bf16, prompt_tokens=2500, new_tokens=4096)
+    assert shorter > flex
+    # GRPO: G rows generate from their prompt's cache (1 token each computed; a shared-prefix cache
+    # keeps every token in every layer) to 8,192 new tokens. The old fixed 64 did not fit an 80 GB card.
+    grpo = dict(prompt_tokens=4600, new_tokens=8192, computed_tokens=1, sliding_capped=False)
+    assert 32 <= lm_memory.rows_that_fit(cfg, h100_bf16, **grpo) < 64
+    assert lm_memory.rows_that_fit(cfg, h200_mxfp4, **grpo) >= 128
+    assert lm_memory.rows_that_fit(cfg, 1 * GIB, **forecast) == 1  # never 0
+    assert lm_memory.rows_that_fit(cfg, 10 ** 15, most=7, **forecast) == 7
+
+
+def test_rows_at_once_on_a_cpu_is_all_rows():
+    policy = lm.LM(tiny_models.tiny_gpt_oss(), tiny_models.tiny_tokenizer())
+    assert policy.rows_at_once([[1, 2, 3]] * 5, 10) == 5 and policy.rows_at_once([], 10) == 1
+
+
+def test_rows_at_once_on_a_gpu_sizes_for_the_longest_row_and_what_follows_the_prefixes(monkeypatch):
+    """The GPU branch, on CPU: the device and its free memory stood in for; a peft-wrapped model
+    (an adapter) answers the same questions (config, dtype) as a plain one."""
+    model = lora_policy(torch.bfloat16)
+    policy = lm.LM(model, tiny_models.tiny_tokenizer())
+    monkeypatch.setattr(lm.LM, "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(lm, "free_gpu_bytes", lambda device: 20_000_000)
+    rows, prefixes = [list(range(300)), list(range(120))] * 3, [list(range(250)), list(range(100))] * 3
+    cfg = model.config
+    fit = lambda **kw: lm_memory.rows_that_fit(cfg, 20_000_000, prompt_tokens=300, eager_attention=True,  # noqa: E731
+                                               dtype_bytes=2, most=6, **kw)
+    after_prefix, whole = fit(new_tokens=64, computed_tokens=50, sliding_capped=False), fit(new_tokens=64)
+    assert policy.rows_at_once(rows, 64, prefixes) == after_prefix == 6
+    assert policy.rows_at_once(rows, 64) == whole == 3
+    # the context (8192 tokens here) caps the new tokens
+    assert policy.rows_at_once(rows, 10 ** 6) == fit(new_tokens=8192 - 300) < whole
+
+
+# ---- completion log-probs, a chunk at a time --------------------------------------------------
+
+def lora_policy(dtype=torch.float32, scale=0.05, seed=0):
+    """A tiny GPT-OSS with a LoRA adapter on attention and experts whose B matrices are random
+    (a fresh adapter's B is zero: the adapter would change nothing)."""
+    model = tiny_models.tiny_gpt_oss(seed=seed).to(dtype)
+    torch.manual_seed(seed)
+    model = lm.add_lora(model, rank=4, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        device=torch.device("cpu"))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, scale)
+    return model
+
+
+def reference_logprobs(model, batch, temperature=1.0, allowed=None):
+    """log-softmax of the whole sequence's logits, gathered: the unchunked definition."""
+    ids, attn, pos, cmask, P = batch
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:-1].float() / temperature
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+    return logp.masked_fill(cmask == 0, 0.0)
+
+
+@pytest.mark.parametrize("votes", [False, True])
+def test_chunked_logprobs_and_gradients_equal_the_whole_sequence(votes):
+    model = lora_policy()
+    prompt = list(range(3, 40))
+    samples = [{"prompt": prompt[:30], "completion": [7, 9, 11, 4, 5, 6, 8]},
+               {"prompt": prompt, "completion": [12, 5]},
+               {"prompt": prompt[:34], "completion": [1, 2, 3, 4, 5]}]
+    allowed = None
+    if votes:  # the votes format samples from a few tokens only
+        allowed = torch.zeros(512, dtype=torch.bool)
+        allowed[[1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12]] = True
+    batch = lm.collate(samples, 0, "cpu")
+    weights = torch.tensor([[0.3], [-1.0], [2.0]])
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for f in (lambda: reference_logprobs(model, batch, 0.7, allowed),
+              lambda: lm.completion_logprobs(model, batch, 0.7, allowed, chunk=10 ** 6),
+              lambda: lm.completion_logprobs(model, batch, 0.7, allowed, chunk=2)):
+        logp = f()
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in params]))
+        model.zero_grad(set_to_none=True)
+    (ref, ref_grads), *others = results
+    assert ref.abs().sum() > 0 and any(g.abs().sum() > 0 for g in ref_grads)
+    for logp, grads in others:
+        assert torch.allclose(logp, ref, atol=1e-5)
+        for a, b in zip(grads, ref_grads):
+            assert torch.allclose(a, b, atol=1e-4 * b.abs().max(), rtol=1e-4), (a - b).abs().max()
+    # and the same under no_grad (the old/reference policy passes), with a shared prompt's cache
+    group = [dict(s, prompt=prompt) for s in samples]
+    with torch.no_grad():
+        whole = reference_logprobs(model, lm.collate(group, 0, "cpu"), 0.7, allowed)
+        kv = lm.prompt_kv(model, prompt)
+        for i, s in enumerate(group):
+            logp = lm.completion_logprobs(model, lm.collate([s], 0, "cpu"), 0.7, allowed, prefix=kv, chunk=3)
+            assert torch.allclose(logp[0], whole[i, :len(s["completion"])], atol=1e-5)
+
+
+# ---- one copy of the weights, adapter on and off ----------------------------------------------
+
+def expert_params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "experts" in n and "lora" not in n}
+
+
+def test_adapter_switch_merges_experts_and_restores_the_base_bit_for_bit(monkeypatch):
+    """bf16, as on a GPU, with an adapter large enough that W + delta - delta misses W somewhere:
+    the switch puts those elements back, so hundreds of switches do not drift the base model."""
+    from peft.tuners.lora.layer import ParamWrapper
+    base = tiny_models.tiny_gpt_oss(seed=1).to(torch.bfloat16)
+    x = torch.tensor([list(range(5, 45))])
+    with torch.no_grad():
+        base_logits = base(input_ids=x).logits
+    model = lora_policy(torch.bfloat16, scale=0.2, seed=1).eval()
+    with torch.no_grad():
+        unmerged_logits = model(input_ids=x).logits  # peft's own path: experts rebuilt each forward
+    original = expert_params(model)
+    switch = lm.AdapterSwitch(model)
+    assert len(switch.experts) == 4  # gate_up and down of 2 layers
+    missed = 0
+    for _ in range(5):
+        with switch.state(True), torch.no_grad():
+            missed += sum(len(m) for m, _ in switch._missed.values())
+
+            def rebuilt(*a, **k):
+                raise AssertionError("a merged expert stack must not be rebuilt on a forward")
+            with monkeypatch.context() as m:
+                m.setattr(ParamWrapper, "_activate_lora", rebuilt)
+                on = model(input_ids=x).logits
+        with switch.state(False), torch.no_grad():
+            off = model(input_ids=x).logits
+        assert torch.equal(off, base_logits)  # the base model, exactly
+        assert torch.allclose(on.float(), unmerged_logits.float(), atol=0.05)  # bf16 rounding of the merge
+        assert (on.float() - off.float()).abs().max() > 0.1  # the adapter does change the forecast
+    restored = expert_params(model)
+    assert all(torch.equal(restored[n], original[n]) for n in original)
+    assert missed > 0  # plain subtraction would have drifted: the fix-up had work to do
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss_dirs(tmp_path_factory):
+    """A tiny GPT-OSS on disk (with the tests' small tokenizer) and a LoRA adapter for it,
+    attention and experts, as train_grpo.py saves one."""
+    folder = tmp_path_factory.mktemp("tiny_gpt_oss")
+    tiny_models.tiny_gpt_oss(seed=2).save_pretrained(folder / "model")
+    tiny_models.tiny_tokenizer().save_pretrained(folder / "model")
+    model = lora_policy(seed=2, scale=0.2)
+    model.save_pretrained(folder / "adapter", save_embedding_layers=False)
+    return folder / "model", folder / "adapter"
+
+
+def test_search_loads_one_model_for_the_mutator_and_the_adapted_forecaster(tiny_gpt_oss_dirs, monkeypatch):
+    import search
+    import search_setup
+    model_dir, adapter_dir = tiny_gpt_oss_dirs
+    loads = []
+    real_load = lm.load_model
+    monkeypatch.setattr(lm, "load_model", lambda *a, **k: loads.append(k) or real_load(*a, **k))
+    args = cli.parse(search.Args, ["--task", "cross_entropy", "--model", str(model_dir), "--adapter",
+                                   str(adapter_dir), "--unsafe-no-sandbox"])
+    env = search_setup.setup(args, say=lambda s: None)
+    mutator, forecaster = env.mutator.backend, env.forecaster.backend
+    assert mutator.model is forecaster.model and len(loads) == 1 and loads[0]["dequantize"]
+    assert forecaster.adapter == str(adapter_dir) and mutator.adapter is None  # forecast cache keys differ
+    rows = [list(range(3, 40)), list(range(10, 30))]
+    digits = ["1", "2", "3", "4"]
+    adapted = forecaster.next_token_probs(rows, digits)
+    plain = mutator.next_token_probs(rows, digits)
+    again = forecaster.next_token_probs(rows, digits)
+    assert adapted == again  # switching back and forth changes nothing
+    assert max(abs(a / b - 1) for ra, rb in zip(adapted, plain) for a, b in zip(ra, rb)) > 0.05
+    # the mutator sees the released model; the forecaster the model with the adapter (peft's own path)
+    from peft import PeftModel
+    fresh, tok = real_load(str(model_dir))
+    base = lm.LM(copy.deepcopy(fresh), tok).next_token_probs(rows, [tok.convert_tokens_to_ids(d) for d in digits],
+                                                              batch_size=2)
+    assert torch.allclose(torch.tensor(plain), torch.tensor(base), rtol=1e-5, atol=0)
+    peft = lm.LM(PeftModel.from_pretrained(fresh, str(adapter_dir)), tok)
+    unmerged = peft.next_token_probs(rows, peft.candidate_ids(digits), batch_size=2)
+    assert torch.allclose(torch.tensor(adapted), torch.tensor(unmerged), rtol=1e-4, atol=0)
+
+
+def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():
+    """vllm serve ... --lora-modules grpo-brier=FOLDER: the forecaster's requests name the adapter,
+    the mutator's the base model."""
+    import search
+    import search_setup
+    args = cli.parse(search.Args, ["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1",
+                                   "--adapter", "grpo-brier", "--unsafe-no-sandbox"])
+    env = search_setup.setup(args, say=lambda s: None)
+    assert env.forecaster.backend.model == "grpo-brier"
+    assert env.mutator.backend.model == lm.DEFAULT_MODEL
+
+
+# ---- what only a GPU can settle ---------------------------------------------------------------
+
+def tiny_pair_on_cuda(dtype=torch.float32):
+    """The same tiny GPT-OSS twice on the GPU, eager and flex attention."""
+    eager = tiny_models.tiny_gpt_oss(seed=3).to("cuda", dtype)
+    flex = lm.use_attention(copy.deepcopy(eager), "auto")
+    assert flex.config._attn_implementation == "flex_attention"
+    return eager, flex
+
+
+def left_padded_rows():
+    """Rows of different lengths sharing a 40-token prefix longer than the sliding window (32)."""
+    prefix = list(range(5, 45))
+    return [prefix + list(range(50, 50 + n)) for n in (30, 3, 17)], [prefix] * 3
+
+
+@pytest.mark.gpu
+def test_flex_attention_matches_eager_on_cuda_with_padding_and_prefix_reuse():
+    eager, flex = tiny_pair_on_cuda()
+    tok = tiny_models.tiny_tokenizer()
+    rows, prefixes = left_padded_rows()
+    a, b = lm.LM(eager, tok), lm.LM(flex, tok)
+    for pre in (None, prefixes):
+        pa = torch.tensor(a.next_token_probs(rows, [1, 2, 3, 4, 5], batch_size=3, prefixes=pre))
+        pb = torch.tensor(b.next_token_probs(rows, [1, 2, 3, 4, 5], batch_size=3, prefixes=pre))
+        assert (pa - pb).abs().max() < 1e-4, pre is not None
+        ga = a.generate(rows, max_new_tokens=24, temperature=0, batch_size=3, prefixes=pre)
+        gb = b.generate(rows, max_new_tokens=24, temperature=0, batch_size=3, prefixes=pre)
+        assert [c for c, _ in ga] == [c for c, _ in gb], pre is not None
+    samples = [{"prompt": r, "completion": list(range(100, 110 + i))} for i, r in enumerate(rows)]
+    batch = lm.collate(samples, 0, "cuda")
+    with torch.no_grad():
+        assert (lm.completion_logprobs(eager, batch) - lm.completion_logprobs(flex, batch)).abs().max() < 1e-4
+
+
+@pytest.mark.gpu
+def test_flex_attention_gradients_match_eager_on_cuda():
+    eager, flex = tiny_pair_on_cuda()
+    rows, _ = left_padded_rows()
+    batch = lm.collate([{"prompt": r, "completion": [7, 8, 9, 10]} for r in rows], 0, "cuda")
+    grads = []
+    for m in (eager, flex):
+        lm.completion_logprobs(m.train(), batch).sum().backward()
+        grads.append(m.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_flex_attention_never_holds_the_scores_of_a_long_prompt():
+    """Two layers of GPT-OSS-20B's width, 4 rows of 4,096 tokens: one eager score tensor would be
+    4 x 64 x 4096^2 bf16 = 8.6 GB. Shapes vary first (as in generation), so that a recompile-limit
+    fall-back to uncompiled flex attention (which materialises the scores) would show here too."""
+    from transformers import GptOssForCausalLM
+    cfg = tiny_models.tiny_gpt_oss_config(vocab_size=1024, max_position_embeddings=8192, num_hidden_layers=2,
+                                          hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                          num_key_value_heads=8, head_dim=64, num_local_experts=4,
+                                          num_experts_per_tok=2, sliding_window=128)
+    with torch.device("cuda"):
+        model = lm.use_attention(GptOssForCausalLM(cfg).to(torch.bfloat16).eval())
+    with torch.no_grad():
+        for b, n in ((1, 300), (2, 700), (3, 1500), (1, 2100)):
+            mask = torch.ones(b, n, dtype=torch.long, device="cuda")
+            mask[0, :n // 3] = 0  # left padding
+            model(input_ids=torch.randint(0, 1024, (b, n), device="cuda"), attention_mask=mask, logits_to_keep=1)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        mask = torch.ones(4, 4096, dtype=torch.long, device="cuda")
+        mask[1, :1000] = 0
+        model(input_ids=torch.randint(0, 1024, (4, 4096), device="cuda"), attention_mask=mask, logits_to_keep=1)
+        peak = torch.cuda.max_memory_allocated() - before
+    assert peak < 6 * GIB, f"{peak / GIB:.1f} GiB"  # activations of 16k tokens, not 8.6 GB of scores
+
+
+@pytest.mark.gpu
+def test_adapter_switch_is_exact_on_cuda():
+    model = lora_policy(torch.bfloat16, scale=0.2, seed=4).to("cuda").eval()
+    original = expert_params(model)
+    switch = lm.AdapterSwitch(model)
+    for _ in range(3):
+        with switch.state(True):
+            pass
+        with switch.state(False):
+            pass
+    assert all(torch.equal(p, original[n]) for n, p in expert_params(model).items())
