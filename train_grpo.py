@@ -11,6 +11,10 @@ forecaster):
          ─▶ parse (forecast_answer.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
          ─▶ LoRA adapter ─▶ forecaster.py's TransformersBackend / vLLM LoRA
 
+The samples come from the policy itself, or with --server from a vLLM server (grpo_sampling.py:
+sampled there, scored and trained on here; off-policy unless --server-sync-every reloads the
+adapter into it; docs/GPU.md).
+
 Reward (a parse failure scores 0 in every variant), y = the true bin of the measured speedup:
     correctness = 1[predicted bin == y]            (predicted bin = argmax of the probabilities;
                                                     --protocol paper: the bin the model stated)
@@ -85,6 +89,8 @@ from dataset import load_predictions, load_rows, prediction_row
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware
 from grpo_ddp import average_gradients, balance_micro_batches, my_share, step_record, sync_context
+from forecaster_backends import OpenAIServerBackend, ServerError
+from grpo_sampling import sample_groups, sync_server_adapter
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 from records import read_jsonl, write_atomic
 
@@ -129,7 +135,15 @@ class Args:
     scale_std: bool = flag(False, "divide advantages by the group std")
     ppo_epochs: int = flag(1, "optimiser steps per batch of samples")
     micro_batch_size: int = flag(1, "sequences per forward/backward")
-    gen_batch_size: int = flag(64, "sequences generated at once")
+    gen_batch_size: int = flag(0, "sequences generated at once; 0: as many as the GPU's free memory holds "
+                               "(lm.rows_that_fit), all of a step's on a CPU")
+    attention: str = flag("auto", "attention implementation; auto: flex attention for GPT-OSS on a GPU (eager "
+                          "attention's score tensors do not fit), the model's default otherwise")
+    server: str | None = flag(None, "sample on this OpenAI-compatible server (vLLM serving --model) instead of "
+                              "with transformers; log-probs and updates stay local (docs/GPU.md)")
+    server_sync_every: int = flag(0, "with --server: load the adapter into the server every N steps (vLLM "
+                                  "runtime LoRA loading), so that it samples from the policy of at most N steps "
+                                  "ago; 0: never, it samples from the base model (off-policy)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm")
     no_gradient_checkpointing: bool = flag(False, "faster on a GPU, more memory; lets the training pass "
                                            "share each prompt's forward too (a checkpointed layer drops caches)")
@@ -323,12 +337,8 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
     """Forecast the held-out rows, write OUT/predictions.jsonl (ARCHITECTURE.md's prediction rows,
     readable by `python metrics.py`) and OUT/eval_summary.json (metrics.report)."""
     n = args.eval_samples if args.eval_temperature > 0 else 1
-    samples = []
-    for i in range(0, len(rows), args.gen_batch_size):
-        chunk = rows[i:i + args.gen_batch_size]
-        samples += sample_groups(policy, [prompt_fn(r) for r in chunk], n,
-                                 temperature=args.eval_temperature, max_new_tokens=max_new,
-                                 batch_size=args.gen_batch_size, allowed=allowed)
+    samples = sample_groups(policy, [prompt_fn(r) for r in rows], n, temperature=args.eval_temperature,
+                            max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed)
     name = lm.EMBEDDED_NAME if args.embedded else args.model
     preds = []
     for j, s in enumerate(samples):
@@ -345,20 +355,6 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
 
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
-
-def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
-                  share_prompt=True):
-    """G completions of each prompt (token ids) from the policy (an lm.LM), prompt-major:
-    [{prompt, completion, text, seconds}]. share_prompt: a prompt's forward runs once and its G
-    rows generate from its KV cache."""
-    flat = [p for p in prompts for _ in range(G)]
-    was_training = policy.model.training
-    policy.model.eval()
-    done = policy.generate(flat, max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
-                           prefixes=[p[:-1] for p in flat] if share_prompt else None, allowed=allowed)
-    policy.model.train(was_training)
-    return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s} for p, (c, s) in zip(flat, done)]
-
 
 def group_scores(forecasts, true_bin, kind, protocol="ours"):
     """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
@@ -402,7 +398,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
     if model is None:
-        model, tokenizer = lm.load_embedded() if args.embedded else lm.load_model(args.model, device=device, training=True)
+        model, tokenizer = (lm.load_embedded() if args.embedded else
+                            lm.load_model(args.model, device=device, training=True, attention=args.attention))
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
     model = lm.add_lora(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets.split(","),
                         expert_lora=not args.no_expert_lora, device=device,
@@ -427,6 +424,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     # one prompt forward serves all of a group's micro-batches (lm.prompt_kv), unless gradient
     # checkpointing is on (a checkpointed layer drops the cache passed to it)
     share = not args.no_prefix_cache and not checkpointing(model)
+    server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
+    served = args.model  # the model the server samples from: the base, or the adapter it last loaded
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
                disable=not acc.is_main_process)
     for step in bar:
@@ -436,10 +435,13 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         seed_everything(args.seed, step, acc.process_index)
         rows = my_share(acc, rows_for_step(train_rows, step, args.prompts_per_step, args.seed))
 
-        # 1. sample a group of G completions per prompt from the current policy
+        # 1. sample a group of G completions per prompt from the current policy (or, on --server,
+        #    from the adapter it last loaded)
+        if server is not None and args.server_sync_every and (step % args.server_sync_every == 0 or step == start):
+            served = sync_server_adapter(acc, server, wrapped, out, step)
         samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
-                                max_new_tokens=max_new, batch_size=args.gen_batch_size, allowed=allowed,
-                                share_prompt=not args.no_prefix_cache)
+                                max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
+                                share_prompt=not args.no_prefix_cache, server=server, served_model=served)
         # 2. parse each completion into a forecast; 3. reward it against the measured bin
         rewards, totals = [], {}
         for i, row in enumerate(rows):
@@ -533,11 +535,17 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
 def check_args(args):
     """One line naming the problem and the fix, before anything is written."""
     positive = ("steps", "prompts_per_step", "group_size", "lora_rank", "max_new_tokens",
-                "ppo_epochs", "micro_batch_size", "gen_batch_size", "save_every", "votes",
-                "eval_samples")
+                "ppo_epochs", "micro_batch_size", "save_every", "votes", "eval_samples")
     for name in positive:
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
+    for name in ("gen_batch_size", "server_sync_every"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0"
+    if args.server_sync_every and not args.server:
+        return "--server-sync-every needs --server"
+    if args.server and args.embedded:
+        return "--server samples from the served model; drop --embedded (the embedded model is local)"
     if args.group_size < 2:
         return "--group-size must be >= 2: an advantage compares samples of the same prompt"
     if not args.temperature > 0:
@@ -569,7 +577,7 @@ def main(argv=None):
         return 2
     try:
         result = train(args)
-    except (ValueError, OSError, lm.ModelNotFound) as e:
+    except (ValueError, OSError, lm.ModelNotFound, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if result["eval"]:

@@ -3,9 +3,11 @@
     with FakeOpenAIServer(replies=[error(500), tool_call(args)]) as server:
         backend = OpenAIServerBackend(server.url, ...)
 
-It answers POST {url}/chat/completions. Each request takes the next scripted reply; when the
-script is empty, `default(request)` answers (by default a forecast tool call, or top_logprobs when
-the request asks for logprobs). Every request body is recorded in `server.requests`. The server is
+It answers POST {url}/chat/completions, {url}/completions (token-id prompts, vLLM's extensions)
+and {url}/load_lora_adapter. Each request takes the next scripted reply; when the script is empty,
+`default(request)` answers (by default a forecast tool call, top_logprobs when the request asks for
+logprobs, two tokens per sample for a completions request). Every request body is recorded in
+`server.requests`, its path in `server.paths`. The server is
 bounded: it binds 127.0.0.1 on a free port, serves from one daemon thread, drops idle sockets after
 a few seconds, and stops on leaving the `with` block.
 """
@@ -49,6 +51,16 @@ def logprobs(probs_by_token):
     return 200, body
 
 
+def text_completion(samples):
+    """A completions-endpoint reply (vLLM's extensions included): one choice per sample, each a
+    dict with token_ids, text, and optionally finish_reason ("stop") and stop_reason (a token id)."""
+    choices = [{"index": i, "text": s.get("text", ""), "token_ids": s.get("token_ids"), "logprobs": None,
+                "finish_reason": s.get("finish_reason", "stop"), "stop_reason": s.get("stop_reason")}
+               for i, s in enumerate(samples)]
+    return 200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+                 "choices": choices, "usage": _usage()}
+
+
 def error(status, message="injected failure"):
     return status, {"error": {"message": message, "type": "server_error", "code": status}}
 
@@ -60,9 +72,14 @@ def _completion(message, finish_reason):
 
 
 def default_reply(request):
+    if "prompt" in request:  # the completions endpoint: n samples of a token-id prompt
+        return text_completion([{"token_ids": [1, 2], "text": "ab"}] * request.get("n", 1))
     if request.get("logprobs"):
         return logprobs({"5": 0.4, "4": 0.3, "6": 0.2, " 5": 0.05})
     return tool_call()
+
+
+ROUTES = ("/chat/completions", "/completions", "/load_lora_adapter")
 
 
 class FakeOpenAIServer:
@@ -70,11 +87,13 @@ class FakeOpenAIServer:
         self.replies = list(replies)
         self.default = default
         self.requests = []
+        self.paths = []  # the path of each request, beside its body in `requests`
         self._lock = threading.Lock()
 
-    def _next(self, request):
+    def _next(self, request, path):
         with self._lock:
             self.requests.append(request)
+            self.paths.append(path)
             if self.replies:
                 return self.replies.pop(0)
         return self.default(request)
@@ -91,10 +110,10 @@ class FakeOpenAIServer:
                     request = json.loads(body or b"{}")
                 except ValueError:
                     request = {}
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if not self.path.rstrip("/").endswith(ROUTES):
                     status, reply = error(404, f"no route {self.path}")
                 else:
-                    status, reply = fake._next(request)
+                    status, reply = fake._next(request, self.path)
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -36,6 +36,7 @@ from forecaster_backends import TransformersBackend  # noqa: E402
 import bins  # noqa: E402
 import cli  # noqa: E402
 import dataset  # noqa: E402
+import grpo_sampling  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
@@ -299,8 +300,8 @@ def test_shared_prompt_forward_gives_the_same_logprobs_gradient_and_samples():
     policy = lm.LM(model, tok)
     kw = dict(temperature=0, max_new_tokens=5, batch_size=4)
     other = tok.encode("speedup: fused")
-    plain = train_grpo.sample_groups(policy, [prompt, other], 2, share_prompt=False, **kw)
-    reused = train_grpo.sample_groups(policy, [prompt, other], 2, **kw)
+    plain = grpo_sampling.sample_groups(policy, [prompt, other], 2, share_prompt=False, **kw)
+    reused = grpo_sampling.sample_groups(policy, [prompt, other], 2, **kw)
     assert [s["completion"] for s in plain] == [s["completion"] for s in reused]
 
 
@@ -317,6 +318,78 @@ def test_training_with_and_without_prompt_sharing_agree(tmp_path):
         # into a full-size step, so the adapters differ where the gradient is noise
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert sum(r["groups_kept"] for r in shared["log"]) > 0
+
+
+# ---- sampling on a server (vLLM), log-probs and updates local --------------------------------------
+
+SERVED_VOTES = [2, 2, 5, 6]  # the bin each sample of a group votes for, 4 times
+
+
+def test_grpo_samples_on_a_server_and_scores_its_tokens_locally(tmp_path):
+    """--server: the fake vLLM sends each group's G completions (token ids); the rewards are those
+    of exactly these samples, the loss is computed on them by the local policy, and every 2 steps
+    the adapter is saved and loaded into the server, whose name the following requests ask for."""
+    from fake_openai_server import FakeOpenAIServer, text_completion
+    data = synthetic_rows(tmp_path / "rows.jsonl", n=20)
+    tok = tiny_models.tiny_tokenizer()
+    digit_ids = [tok.convert_tokens_to_ids(d) for d in "12345678"]
+
+    def reply(request):
+        if "lora_name" in request:
+            return 200, "Success: LoRA adapter loaded"
+        return text_completion([{"token_ids": [digit_ids[b - 1]] * 4, "text": str(b) * 4, "finish_reason": "length"}
+                                for b in SERVED_VOTES[:request["n"]]])
+    with FakeOpenAIServer(default=reply) as server:
+        args = synthetic_args(data, tmp_path / "run", "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
+                              "--save-every", "100", "--server", server.url, "--server-sync-every", "2")
+        result, model = run_synthetic(args)
+    completions = [r for r, p in zip(server.requests, server.paths) if p.endswith("/v1/completions")]
+    loads = [r for r, p in zip(server.requests, server.paths) if p.endswith("/load_lora_adapter")]
+    assert [r["lora_name"] for r in loads] == ["grpo-step-000000", "grpo-step-000002"]
+    assert all((Path(r["lora_path"]) / "adapter_config.json").exists() for r in loads)
+    assert [r["model"] for r in completions] == ["grpo-step-000000"] * 4 + ["grpo-step-000002"] * 2
+    train_rows, _ = train_grpo.split_rows(dataset.load_rows(data), 0)
+    for step, rec in enumerate(result["log"]):
+        rows = train_grpo.rows_for_step(train_rows, step, 2, 0)
+        sent = completions[2 * step:2 * step + 2]
+        assert [r["prompt"] for r in sent] == [tok.encode(f"speedup:{r['candidate_code']}") for r in rows]
+        assert all(r["n"] == 4 and r["allowed_token_ids"] == sorted(digit_ids) and r["max_tokens"] == 4
+                   for r in sent)
+        # each sample is a one-hot forecast: +Brier reward 2 on the true bin, else 0
+        expected = [2.0 * (b == r["true_bin"]) for r in rows for b in SERVED_VOTES]
+        assert rec["reward"] == pytest.approx(sum(expected) / len(expected))
+        kept = sum(len(set(SERVED_VOTES)) > 1 and r["true_bin"] in SERVED_VOTES for r in rows)
+        assert rec["groups_kept"] == kept and rec["tokens"] == 4 * 4 * kept
+    assert sum(r["groups_kept"] for r in result["log"]) > 0
+    assert any(v.abs().sum() > 0 for k, v in adapter_state(model).items() if "lora_B" in k)  # it trained
+
+
+def test_server_samples_keep_their_stop_token_and_fail_loudly():
+    from fake_openai_server import FakeOpenAIServer, error, text_completion
+    from forecaster_backends import OpenAIServerBackend, ServerError
+    replies = [text_completion([{"token_ids": [5, 6], "stop_reason": 99},                   # vLLM left the stop out
+                                {"token_ids": [5, 99], "stop_reason": 99},                  # or kept it
+                                {"token_ids": [5, 6, 7], "finish_reason": "length"}]),      # or ran out
+               text_completion([{"token_ids": None, "text": "56"}]),
+               error(500), error(500)]
+    with FakeOpenAIServer(replies=replies) as server:
+        backend = OpenAIServerBackend(server.url, backoff_s=0.01, retries=1)
+        kw = dict(n=3, max_new_tokens=8, temperature=1.0, stop_ids=[99, 98])
+        assert backend.sample_ids([[1, 2, 3]], **kw) == [[[5, 6, 99], [5, 99], [5, 6, 7]]]
+        with pytest.raises(ServerError, match="no token ids"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+        with pytest.raises(ServerError, match="after 2 tries"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+    assert server.requests[0]["prompt"] == [1, 2, 3] and server.requests[0]["stop_token_ids"] == [99, 98]
+    assert server.requests[0]["return_token_ids"] is True
+
+
+def test_cli_server_flags(tmp_path, capsys):
+    rows = synthetic_rows(tmp_path / "rows.jsonl", n=4)
+    assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--server-sync-every", "2"]) == 2
+    assert "needs --server" in capsys.readouterr().err
+    assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--gen-batch-size", "-1"]) == 2
+    assert ">= 0" in capsys.readouterr().err
 
 
 # ---- the command line ---------------------------------------------------------------------------
