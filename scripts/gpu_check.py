@@ -18,6 +18,10 @@ the other tasks. Then the surrogate's economics (skipped with --no-surrogate):
   - a GRPO step (votes format, 2 prompts x G = 8) on the same model, without prompt sharing, with
     it (gradient checkpointing on: the training pass cannot share), and with it and checkpointing
     off.
+Before those, the transformers engine at GPT-OSS-20B's full shape (skipped with --no-engine):
+prefill and decoding tokens/s and peak memory with flex attention at batch 1 and at the batch sized
+from free memory (beside lm_memory's estimate), eager attention's peak at batch 1, and a LoRA
+adapter merged, switched off, and unmerged (peft's path), see engine_sections.
 Before all that: the suite's GPU-only tests (`pytest -m gpu`), and the timer's fixed cost (CUDA events
 around an empty callable and around one tiny kernel, next to do_bench's on the same); every
 measurement row carries the reference worker's peak GPU memory, the figure a plan of a GPU shared
@@ -26,10 +30,12 @@ under 8 minutes on an H100/H200).
 With --record it appends every table, dated and with the GPU's name, to docs/gpu_runs.md.
 
     python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick] [--no-surrogate] [--no-tests]
+                                [--no-engine] [--engine-layers N]
 
 It needs a CUDA GPU, and runs on older stacks too (torch 2.11 / triton 3.6).
 """
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import math
@@ -133,7 +139,8 @@ def config_model(layers, width="20b", device="cuda"):
     torch.manual_seed(0)
     with torch.device(device):
         model = GptOssForCausalLM(cfg)
-    return model.to(torch.bfloat16 if device == "cuda" else torch.float32).eval()
+    import lm
+    return lm.use_attention(model.to(torch.bfloat16 if device == "cuda" else torch.float32).eval())
 
 
 def _sync(device):
@@ -242,6 +249,89 @@ def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
     return out
 
 
+# ---- the transformers engine at GPT-OSS-20B's full shape -------------------------------------------
+
+def engine_sections(emit, layers=24, prompt_tokens=4600, new_tokens=256):
+    """What the transformers path achieves at GPT-OSS-20B's shape (`layers` of its 24 layers, random
+    bf16 weights, no download): prefill and decoding tokens/s and peak memory at batch 1 and at the
+    batch lm sizes from the free memory (beside lm_memory's estimate of it), eager attention's peak
+    at batch 1 (flex attention is the default on a GPU), and a LoRA adapter on attention and
+    experts: switching it on and off (lm.AdapterSwitch) and decoding with it merged against peft's
+    unmerged path, which rebuilds every layer's expert stack at each step. The real checkpoint's
+    MXFP4 experts (with the `kernels` package) change the weights' memory and the expert matmuls;
+    the rest is this shape's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import lm
+    import lm_memory
+    import tiny_models
+    model = config_model(layers)
+    policy = lm.LM(model, tiny_models.tiny_tokenizer(), chat_format="template")
+    cfg, gib = model.config, 2 ** 30
+    g = torch.Generator().manual_seed(0)
+    row = lambda: torch.randint(1000, 200000, (prompt_tokens,), generator=g).tolist()  # noqa: E731
+    weights = torch.cuda.memory_allocated()
+    emit(f"### transformers engine, GPT-OSS-20B shape ({layers} layers, random bf16 weights "
+         f"{weights / gib:.1f} GiB), prompt {prompt_tokens} tokens, {new_tokens} new tokens (sampled, T=1)")
+    emit("")
+    emit("| attention | batch | prefill s | prefill tok/s | decode tok/s | peak GiB above weights | "
+         "estimate GiB (lm_memory) |")
+    emit("|---|---|---|---|---|---|---|")
+    auto = policy.rows_at_once([row()] * 256, new_tokens)
+    for attention, batch in (("flex_attention", 1), ("flex_attention", min(auto, 64)), ("eager", 1)):
+        model.set_attn_implementation(attention)
+        rows = [row() for _ in range(batch)]
+        try:
+            policy.next_token_probs(rows[:1], [1], batch_size=1)  # compile / warm up
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            policy.next_token_probs(rows, [1], batch_size=batch)
+            torch.cuda.synchronize()
+            prefill = time.perf_counter() - t0
+            decode = "-"
+            if attention == "flex_attention":
+                t0 = time.perf_counter()
+                policy.generate(rows, max_new_tokens=new_tokens, temperature=1.0, batch_size=batch)
+                torch.cuda.synchronize()
+                decode = f"{batch * new_tokens / max(time.perf_counter() - t0 - prefill, 1e-9):.0f}"
+            peak = (torch.cuda.max_memory_allocated() - weights) / gib
+        except torch.cuda.OutOfMemoryError:
+            emit(f"| {attention} | {batch} | out of memory | | | | |")
+            torch.cuda.empty_cache()
+            continue
+        est = batch * lm_memory.row_bytes(cfg, prompt_tokens=prompt_tokens, new_tokens=new_tokens if decode != "-" else 0,
+                                          computed_tokens=prompt_tokens, eager_attention=attention == "eager") / gib
+        emit(f"| {attention} | {batch} | {prefill:.2f} | {batch * prompt_tokens / prefill:.0f} | {decode} | "
+             f"{peak:.1f} | {est:.1f} |")
+    emit("")
+    model.set_attn_implementation("flex_attention")
+    torch.manual_seed(0)
+    model = lm.add_lora(model, rank=32, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        gradient_checkpointing=False).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 1e-3)
+    policy, switch = lm.LM(model, tiny_models.tiny_tokenizer(), chat_format="template"), lm.AdapterSwitch(model)
+    rows = [row()[:512]]
+    emit("| LoRA adapter (rank 32, attention + experts), batch 1, 512-token prompt | switch s | "
+         "tok/s over 64 new tokens |")
+    emit("|---|---|---|")
+    for name, state in (("peft unmerged (expert stacks rebuilt per forward)", None), ("merged (AdapterSwitch on)", True),
+                        ("base model (AdapterSwitch off)", False)):
+        t0 = time.perf_counter()
+        with switch.state(state) if state is not None else contextlib.nullcontext():
+            torch.cuda.synchronize()
+            switched = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            policy.generate(rows, max_new_tokens=64, temperature=1.0, batch_size=1)
+            torch.cuda.synchronize()
+        emit(f"| {name} | {switched:.2f} | {64 / (time.perf_counter() - t0):.1f} |")
+    emit("")
+    del model, policy, switch
+    torch.cuda.empty_cache()
+
+
 def surrogate_sections(emit, args):
     import tempfile
 
@@ -281,6 +371,10 @@ def main():
                         help="fresh candidates measured for the measurements-per-minute figure (default 4)")
     parser.add_argument("--forecast-layers", type=int, default=2,
                         help="layers of the config-built GPT-OSS used for forecast and GRPO costs (default 2)")
+    parser.add_argument("--no-engine", action="store_true",
+                        help="skip the transformers engine at GPT-OSS-20B's shape (tokens/s, memory, adapter switch)")
+    parser.add_argument("--engine-layers", type=int, default=24,
+                        help="layers of the engine section's GPT-OSS (24 = GPT-OSS-20B, 42 GB in bf16; default 24)")
     parser.add_argument("--verbalized-tokens", type=int, default=64,
                         help="new tokens per verbalized forecast (a random model never stops; default 64)")
     args = parser.parse_args()
@@ -377,6 +471,9 @@ def main():
                      f"{m.wall_s} |")
                 torch.cuda.empty_cache()
         emit("")
+        t = took(t)
+    if not args.no_engine:
+        engine_sections(emit, layers=args.engine_layers)
         t = took(t)
     if not args.no_surrogate:
         surrogate_sections(emit, args)
