@@ -17,7 +17,8 @@ hand, side by side in one run:
 A forecast's cost is wall time / 8 (model load included) and its compute alone (the CLI's
 forecast time / 8); every ratio is against the mean wall time of one measurement. The embedded
 model's converted copy (forecaster_backends.embedded_backend) is made before any timing. The rows' labels
-are placeholders: forecasts ignore them, and GRPO only uses them to score its samples.
+are placeholders: forecasts ignore them, and GRPO only uses them to score its samples. The rows
+name the paper's A100 as their hardware (a row is shown the hardware it names).
 
     python scripts/bench_forecast.py [--measurements 2] [--grpo] [--json]
 """
@@ -65,7 +66,7 @@ def write_rows(path, codes):
         for i, code in enumerate(codes):
             f.write(json.dumps(dict(row_id=f"b{i}", pack=TASK, anchor_code=seed_source(TASK), candidate_code=code,
                                     aggregated_speedup=labels[i % len(labels)], relative_bin=None,
-                                    hardware="bench", pair_type="pair", source_id="bench")) + "\n")
+                                    hardware="NVIDIA A100-SXM4-80GB", pair_type="pair", source_id="bench")) + "\n")
     return path
 
 
