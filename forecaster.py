@@ -361,9 +361,6 @@ def main(argv=None, backend=None):
                                             reasoning_effort=args.reasoning_effort, batch_size=args.batch_size,
                                             attention=args.attention)
         t_loaded = time.perf_counter()
-        print(f"protocol: {args.protocol} ({'the original prompt, ' if paper else ''}{max_new} new tokens, "
-              f"{retries} retr{'y' if retries == 1 else 'ies'} of an answer that does not parse"
-              f"{', abstain tool offered' if args.abstain else ''}; docs/FIDELITY.md)", file=sys.stderr)
         # an --eval row names its hardware; one that does not gets --hardware, else the paper's A100
         hardware = hardware_info(args.hardware or "a100-80gb") if args.eval else hardware_info(args.hardware)
         fc = Forecaster(backend, readout=args.readout or ("verbalized" if args.abstain else None),
@@ -371,6 +368,10 @@ def main(argv=None, backend=None):
                         temperature=args.temperature, seed=args.seed, reasoning_tokens=args.reasoning_tokens,
                         hardware=hardware, prefix_cache=not args.no_prefix_cache, protocol=args.protocol,
                         abstain=args.abstain, parse_retries=retries)
+        generation = (f"{max_new} new tokens, {retries} retr{'y' if retries == 1 else 'ies'} of an answer that "
+                      "does not parse" if fc.readout == "verbalized" else f"logits read-out, {args.reasoning_tokens} reasoning tokens")
+        print(f"protocol: {args.protocol} ({'the original prompt; ' if paper else ''}{generation}"
+              f"{', abstain tool offered' if args.abstain else ''}; docs/FIDELITY.md)", file=sys.stderr)
         if args.eval:
             n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 64)
             t_end = time.perf_counter()
