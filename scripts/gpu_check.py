@@ -76,7 +76,7 @@ def peak_bandwidth(name):
 
 # ---- the suite's GPU tests and the timer's own cost ----------------------------------------------
 
-def gpu_tests(emit, timeout_s=240):
+def gpu_tests(emit, timeout_s=360):
     """`pytest -m gpu` in a child process: the tests only a GPU can settle."""
     import subprocess
     emit("### the suite's GPU-only tests (`pytest -m gpu`)")
@@ -137,10 +137,16 @@ def config_model(layers, width="20b", device="cuda"):
         vocab_size=tiny_models.HARMONY_VOCAB, max_position_embeddings=16384, num_hidden_layers=layers,
         layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **overrides)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = GptOssForCausalLM(cfg)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in bf16: 24 layers in fp32 would take 84 GB first
+    try:
+        with torch.device(device):
+            model = GptOssForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
     import lm
-    return lm.use_attention(model.to(torch.bfloat16 if device == "cuda" else torch.float32).eval())
+    return lm.use_attention(model.eval())
 
 
 def _sync(device):
