@@ -490,6 +490,7 @@ def cache_columns(rows, prefix_lens):
 
 LOGPROB_CHUNK = 1024  # completion positions projected to logits at once by completion_logprobs
 
+
 def collate(samples, pad_id, device):
     """Left-pad prompts and right-pad completions so every completion starts in the same column.
     samples: [{"prompt": ids, "completion": ids}]. Returns (input_ids, attention_mask,
