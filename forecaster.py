@@ -277,7 +277,8 @@ def build_parser():
     p.add_argument("--repeats", type=int, default=1, help="forecasts per row for --eval (paper: 3)")
     p.add_argument("--model", help=f"local model name or path (default {DEFAULT_MODEL}; with --server the served name)")
     p.add_argument("--adapter", help="LoRA adapter folder (peft) for a local model; with --server, serve it as a model (vllm --lora-modules NAME=PATH) and pass --model NAME")
-    p.add_argument("--server", help="OpenAI-compatible server URL, e.g. http://localhost:8000/v1 (vllm serve)")
+    p.add_argument("--server", help="OpenAI-compatible server URL, e.g. http://localhost:8000/v1 (vllm serve); "
+                   "several replicas of the model separated by commas (requests go to the least loaded)")
     p.add_argument("--api-key", help="API key for --server (default: $OPENAI_API_KEY or 'EMPTY')")
     p.add_argument("--reasoning-effort", default="medium", choices=REASONING_EFFORTS, help="GPT-OSS reasoning effort (paper: medium)")
     p.add_argument("--readout", choices=("verbalized", "logits"),

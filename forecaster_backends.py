@@ -35,10 +35,11 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import harmony
 import lm
@@ -231,7 +232,10 @@ def embedded_backend(**kwargs):
 
 @dataclass
 class OpenAIServerBackend:
-    """Chat completions against `server` (e.g. http://localhost:8000/v1 from `vllm serve`).
+    """Chat completions against `server` (e.g. http://localhost:8000/v1 from `vllm serve`), or
+    against replicas of one model (data parallel: URLs separated by commas), each request going to
+    the replica with the fewest requests in flight, and a retry to another replica than the one
+    that failed.
 
     Requests run concurrently; connection errors, timeouts, 429 and 5xx are retried `retries`
     times with exponential backoff, then the row becomes a Completion with `error` set (the
@@ -242,7 +246,8 @@ class OpenAIServerBackend:
     the default in vLLM's V1 engine): it reuses the KV blocks of a prompt prefix it has already
     computed. Rows sent together all miss, because none is computed before the others start; so
     when a batch has a `shared` prefix that this backend has not sent before, one 1-token request
-    for the prefix alone goes first, and the rows follow, all at once, into a warm cache."""
+    for the prefix alone goes first (to every replica: each has its own cache), and the rows
+    follow, all at once, into a warm cache."""
     server: str
     model: str = DEFAULT_MODEL
     api_key: str = None
@@ -254,41 +259,60 @@ class OpenAIServerBackend:
     concurrency: int = 8
     top_logprobs: int = 20
     adapter: str = None
-    client: object = field(default=None, repr=False)
 
     def __post_init__(self):
-        if self.client is None:
-            from openai import OpenAI
-            self.client = OpenAI(base_url=self.server, api_key=self.api_key or os.environ.get(
-                "OPENAI_API_KEY", "EMPTY"), max_retries=0, timeout=self.timeout_s)
+        from openai import OpenAI
+        self.servers = [url.strip() for url in self.server.split(",") if url.strip()]
+        self.clients = [OpenAI(base_url=url, api_key=self.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                               max_retries=0, timeout=self.timeout_s) for url in self.servers]
+        self.in_flight = [0] * len(self.servers)  # requests sent to each replica, not yet answered
+        self._lock = threading.Lock()
         self.name = self.model
         self._warmed = set()
 
     def _warm(self, shared, n_rows, **request):
-        """Have the server compute `shared` (the rows' common prefix) once before the rows."""
+        """Have every replica compute `shared` (the rows' common prefix) once before the rows."""
         key = json.dumps([shared, request], sort_keys=True, default=str)
         if not shared or n_rows < 2 or key in self._warmed:
             return
-        self._call(messages=shared, max_tokens=1, **request)  # a failure only costs the reuse
+        for replica in range(len(self.servers)):
+            self._call(messages=shared, max_tokens=1, replica=replica, **request)  # a failure only costs the reuse
         self._warmed.add(key)
 
-    def _call(self, create=None, **request):
-        """One request (chat completions unless `create` names another endpoint) with bounded
-        retries; returns (response, None) or (None, reason)."""
+    def _pick(self, tried, replica=None):
+        """The replica of a request's next try: `replica` when given, else the least loaded, one not
+        tried yet for this request when there is one. Counted in flight until _call lets it go."""
+        with self._lock:
+            if replica is None:
+                fresh = [i for i in range(len(self.servers)) if i not in tried] or range(len(self.servers))
+                replica = min(fresh, key=lambda i: self.in_flight[i])
+            self.in_flight[replica] += 1
+            return replica
+
+    def _call(self, replica=None, endpoint="chat", **request):
+        """One request (chat completions, or `endpoint="completions"`) with bounded retries;
+        returns (response, None) or (None, reason)."""
         import openai
         retryable = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                      openai.InternalServerError)
-        reason = None
+        reason, tried = None, set()
         request.setdefault("model", self.model)
         for attempt in range(self.retries + 1):
+            i = self._pick(tried, replica)
+            tried.add(i)
             try:
-                return (create or self.client.chat.completions.create)(**request), None
+                client = self.clients[i]
+                create = client.completions.create if endpoint == "completions" else client.chat.completions.create
+                return create(**request), None
             except retryable as e:
-                reason = f"server error after {attempt + 1} tries ({self.server}): {type(e).__name__}: {_one_line(e)}"
+                reason = f"server error after {attempt + 1} tries ({self.servers[i]}): {type(e).__name__}: {_one_line(e)}"
             except openai.APIStatusError as e:
                 return None, f"server refused the request ({e.status_code}): {_one_line(e)}"
             except Exception as e:  # a malformed reply must not crash a batch
                 return None, f"server call failed: {type(e).__name__}: {_one_line(e)}"
+            finally:
+                with self._lock:
+                    self.in_flight[i] -= 1
             if attempt < self.retries:
                 time.sleep(self.backoff_s * 2 ** attempt)
         return None, reason
@@ -378,7 +402,7 @@ class OpenAIServerBackend:
             extra["allowed_token_ids"] = list(allowed_ids)
 
         def one(ids):
-            resp, err = self._call(create=self.client.completions.create, model=model or self.model, prompt=list(ids),
+            resp, err = self._call(endpoint="completions", model=model or self.model, prompt=list(ids),
                                    n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                    extra_body=extra)
             if err:
@@ -397,18 +421,21 @@ class OpenAIServerBackend:
             return list(pool.map(one, prompts))
 
     def load_adapter(self, name, path):
-        """Have the server load a LoRA adapter folder under `name` (vLLM's runtime LoRA loading:
-        `vllm serve ... --enable-lora` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); requests then
-        name it as their model. The server must see `path` (the same machine or a shared disk)."""
+        """Have the server (every replica) load a LoRA adapter folder under `name` (vLLM's runtime
+        LoRA loading: `vllm serve ... --enable-lora` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True);
+        requests then name it as their model. The server must see `path` (the same machine or a
+        shared disk)."""
         import openai
-        try:
-            self.client.post("/load_lora_adapter", cast_to=str, body={"lora_name": name, "lora_path": str(path)})
-        except openai.APIStatusError as e:
-            raise ServerError(f"the server refused adapter {name} ({e.status_code}): {_one_line(e)}; start it with "
-                              f"--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (a server whose LoRA support "
-                              f"does not cover GPT-OSS's experts needs an adapter trained with --no-expert-lora)") from None
-        except openai.OpenAIError as e:
-            raise ServerError(f"loading adapter {name} into {self.server} failed: {_one_line(e)}") from None
+        for url, client in zip(self.servers, self.clients):
+            try:
+                client.post("/load_lora_adapter", cast_to=str, body={"lora_name": name, "lora_path": str(path)})
+            except openai.APIStatusError as e:
+                raise ServerError(f"{url} refused adapter {name} ({e.status_code}): {_one_line(e)}; start it with "
+                                  f"--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (a server whose LoRA "
+                                  f"support does not cover GPT-OSS's experts needs an adapter trained with "
+                                  f"--no-expert-lora)") from None
+            except openai.OpenAIError as e:
+                raise ServerError(f"loading adapter {name} into {url} failed: {_one_line(e)}") from None
 
 
 class ServerError(RuntimeError):

@@ -153,7 +153,8 @@ class Args:
                                  "--server, the name the server serves it under (vllm serve --enable-lora "
                                  "--lora-modules NAME=FOLDER), which the forecaster's requests ask for")
     server: str | None = flag(None, "OpenAI-compatible server URL (vLLM/SGLang), used for both the mutator "
-                                "and the forecaster, e.g. http://localhost:8000/v1")
+                                "and the forecaster, e.g. http://localhost:8000/v1; several replicas of the "
+                                "model separated by commas (requests go to the least loaded)")
     server_model: str = flag(DEFAULT_MODEL, "model name on --server")
     mutator_server: str | None = flag(None, "a different OpenAI-compatible server for the mutator only (the "
                                       "paper mutated with a hosted model and forecast with GPT-OSS-20B); the "

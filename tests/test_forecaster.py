@@ -3,6 +3,7 @@ import hashlib
 import json
 import math
 import socket
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 import forecaster as F
 import bins
-from fake_openai_server import FakeOpenAIServer, error, final_text, logprobs
+from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, parse_answer, parse_completion, reasoning_of
 from forecast_prompt import (FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME, build_messages, hardware_info,
                              shared_messages)
@@ -431,6 +432,24 @@ def test_server_errors_become_parse_failures():
     f = F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
         .forecast_many("cross_entropy", REF, [CAND])[0]
     assert f.parse_failed and "APIConnectionError" in f.parse_error
+
+
+def test_server_replicas_share_the_rows_least_loaded_first_and_a_retry_goes_to_another():
+    def slow_rows(request):  # rows take a while, so all of a batch's are in flight at once
+        if request.get("max_tokens") != 1:
+            time.sleep(0.5)
+        return default_reply(request)
+
+    with FakeOpenAIServer(default=slow_rows) as a, FakeOpenAIServer(default=slow_rows) as b:
+        fs = F.Forecaster(server_backend(f"{a.url},{b.url}"), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND + f"# v{i}\n" for i in range(8)])
+    assert not any(f.parse_failed for f in fs)
+    for server in (a, b):  # each replica computed the shared prefix (its own cache), then took half the rows
+        assert server.requests[0]["max_tokens"] == 1 and len(server.requests) == 1 + 4
+    with FakeOpenAIServer(default=lambda r: error(503)) as down, FakeOpenAIServer() as up:
+        f = F.Forecaster(server_backend(f"{down.url},{up.url}", retries=1), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert not f.parse_failed and (len(down.requests), len(up.requests)) == (1, 1)
 
 
 def test_server_logits_readout():
