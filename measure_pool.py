@@ -29,6 +29,7 @@ memory bandwidth, and their CPU times disturb each other (`note` says so; keep o
 figures you report). Ray workers on one node share its CPUs the same way.
 """
 import concurrent.futures
+import logging
 import os
 import queue
 import threading
@@ -77,7 +78,7 @@ class MeasurePool:
         self.names = [d if d.startswith("cuda") else f"cpu:{i}" for i, d in enumerate(self.devices)]
         cpu_workers = self.devices.count("cpu")
         self.note = (f"{cpu_workers} CPU workers share this machine's {os.cpu_count()} cores: their CPU "
-                     "timings disturb each other (measure with one worker for figures you keep)"
+                     "timings disturb each other; measure with one worker for figures you keep"
                      if cpu_workers > 1 else "")
         self.jobs = queue.Queue()
         self.threads = [threading.Thread(target=self._serve, args=(name, device), name=f"measure-{name}", daemon=True)
@@ -168,8 +169,8 @@ class RayPool:
         if self.owns_cluster:
             # The project's code travels to every node with the job (Ray's working_dir, which
             # leaves out what .gitignore names); the nodes need only the same Python environment.
-            runtime_env = {"working_dir": measure_sandbox.ROOT, "excludes": [".git"]}
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False,
+            runtime_env = {"working_dir": measure_sandbox.ROOT}
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING,
                      **({"include_dashboard": False, "num_cpus": num_cpus} if address == "local" else {}))
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))

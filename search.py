@@ -17,13 +17,12 @@ Then every step of the search runs these phases, in this order (Search.run):
      reference. (With --forecast-reward a child the confidence gate trusts is not measured: its
      forecast's expected speedup is its reward, and it is marked as a forecast: never a training
      row, the best kernel or a point of the measured curve.) Each success is a training row for
-     the forecaster (training_rows.jsonl) and a label for the confidence gate: the search's measurements train the forecaster that gates
-     the next search. Measurements run concurrently, one per device (measure_pool.py: every GPU
-     of the machine, --workers on CPU, or a Ray cluster with --ray): a parent's children are sent
-     off as soon as they are chosen, and the next parent is mutated and forecast meanwhile; the
-     results are taken in the order they were sent, so the archive does not depend on which
-     measurement finishes first. The confidence gate with a learnt threshold waits for the
-     labels of the step's earlier parents before it decides, as if measured one at a time.
+     the forecaster (training_rows.jsonl) and a label for the confidence gate: the search's
+     measurements train the forecaster that gates the next search. Measurements run
+     concurrently, one per device (measure_pool.py): a parent's children are sent off when
+     chosen, the next parent is mutated and forecast meanwhile, and results are taken in the
+     order sent, so the archive is a serial run's. A learnt confidence gate first waits for the
+     labels of the step's earlier parents.
   6. Update. The successful children enter the archive (failures count as visits only), the step
      is logged and the run's outputs are rewritten.
 
@@ -47,11 +46,10 @@ Decisions this file documents:
   - Resume: every request and result is a line in OUT/events.jsonl. A rerun replays the search
     from the start, answering each request from the log; only requests without a logged result
     are issued again. Mutation, forecast and measurement results are all logged (a measurement's
-    the moment it arrives, with the worker that ran it and when), so the replay rebuilds the same
-    archive without calling an LLM or a GPU, and a crash in the middle of a parallel step loses
-    no result that came back. The options are stored in a config
-    event; a rerun with different ones is refused, except --steps and --budget, which may grow to
-    extend a finished search. Models load on their first use, so resuming a finished run loads none.
+    when it arrives, with its worker and times), so the replay rebuilds the same archive without
+    an LLM or a GPU, and a crash loses no result that came back. The options are stored in a
+    config event; a rerun with different ones is refused, except --steps and --budget, which may
+    grow to extend a finished search. Models load on their first use, so resuming loads none.
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
   - In topk ranking, parse failures come after every parsed forecast, and deferrals (the abstain
