@@ -265,11 +265,12 @@ class Search:
     to_dict(). forecaster_name is recorded in the event log (one log holds one search)."""
 
     def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
-                 forecaster_name="", measure_kwargs=None, progress=True, say=print):
+                 forecaster_name="", measure_kwargs=None, llm_waits=False, progress=True, say=print):
         self.args, self.out = with_protocol_defaults(args), Path(out_dir)
         self.seed_code, self.mutator, self.pool = seed_code, mutator, pool
         self.forecaster, self.forecaster_name = forecaster, forecaster_name
         self.measure_kwargs, self.progress, self.say = dict(measure_kwargs or {}), progress, say
+        self.llm_waits = llm_waits  # a local LLM shares a GPU with the measurements
         if args.gate != "none" and forecaster is None:
             raise SearchError(f"--gate {args.gate} needs a forecaster")
         if args.forecast_reward and args.gate != "confidence":
@@ -295,6 +296,8 @@ class Search:
                 if self.tally.measurements >= a.budget:
                     break  # nothing left to measure: do not mutate or forecast for nothing
                 parent, tag = self.archive.nodes[pid], f"s{step}p{k}"
+                if self.llm_waits:
+                    self.collect(children)  # no timing on the LLM's GPU while it computes
                 cands = self.mutate(parent, step, k, tag)                   # 2. mutate
                 forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
                 if a.gate == "confidence" and a.threshold is None:
@@ -557,7 +560,8 @@ def run_one(args, gate, out, env, say=print):
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
                     pool=env.pool, forecaster=env.forecaster,
                     forecaster_name=env.forecaster_name if gate != "none" else "",
-                    measure_kwargs=env.measure_kwargs, progress=not args.no_progress, say=say)
+                    measure_kwargs=env.measure_kwargs, llm_waits=env.llm_waits,
+                    progress=not args.no_progress, say=say)
     return search.run()
 
 

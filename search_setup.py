@@ -50,6 +50,7 @@ class Setup:
     gated_mutations: int     # mutations per parent with a gate (--mutations unless set)
     measure_kwargs: dict     # scale, sandbox and timeout for measure.measure
     pool: object             # measure_pool.MeasurePool or RayPool: where measurements run
+    llm_waits: bool = False  # a local LLM shares a GPU with the measurements: no overlap
 
 
 class Lazy:
@@ -214,9 +215,16 @@ def setup(args, say=print):
         pool = measure_pool.MeasurePool(devices)
         say(f"measurement workers: {', '.join(pool.names)}" + (f" ({pool.note})" if pool.note else
             " (one candidate at a time on each GPU)" if has_gpu else " (--workers N for more)"))
+    # A local LLM generating on a GPU while a candidate is timed there disturbs the timing: where
+    # they share one (or Ray may place a measurement on the LLM's), the LLM waits for the
+    # measurements in flight before each of its calls.
+    llm_gpu = args.llm_device and torch.device(args.llm_device)
+    llm_waits = scale == "benchmark" and bool(local) and (bool(args.ray) or (
+        llm_gpu is not None and llm_gpu.type == "cuda" and f"cuda:{llm_gpu.index or 0}" in pool.names))
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
-                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool)
+                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
+                 llm_waits=llm_waits)
 
 
 # ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------
@@ -256,7 +264,8 @@ def place_local_llm(args, devices, say):
     disturbs the timing (the search mutates and forecasts the next parent while this one's
     children are measured). With several GPUs the LLM gets one of its own, the last unless
     --llm-device names it, and the measurements the others (unless --devices names them); with
-    one GPU they share it, and the start-up notes say so. Sets args.llm_device; returns the
+    one GPU they share it, the LLM waiting for the measurements in flight (Setup.llm_waits), and
+    the start-up notes say so. Sets args.llm_device; returns the
     measurement devices."""
     import torch
     n = torch.cuda.device_count()
@@ -269,9 +278,9 @@ def place_local_llm(args, devices, say):
         say(f"local LLM on cuda:{index}; measurements on {', '.join(devices)} (a GPU that generates while a "
             "candidate is timed on it disturbs the timing)")
     elif shared:
-        say(f"note: the local LLM shares cuda:{index} with the measurements: it generates while candidates "
-            "are timed there, which adds noise to their timings; give it a GPU of its own (--llm-device, "
-            "with --devices leaving that GPU out) or serve it elsewhere (--server)")
+        say(f"note: the local LLM shares cuda:{index} with the measurements: it waits for those in flight "
+            "before each call, so nothing overlaps there; give it a GPU of its own (--llm-device, with "
+            "--devices leaving that GPU out) or serve it elsewhere (--server)")
     else:
         say(f"local LLM on cuda:{index}")
     return devices

@@ -120,11 +120,11 @@ def cfg(**kw):
 
 
 def run(tmp_path, name="run", seed_code="00000000\n", measure=None, forecaster=None, mutator=None,
-        workers=1, **kw):
+        workers=1, llm_waits=False, **kw):
     measure = measure or BitMeasure()
     with MeasurePool(["cpu"] * workers, measure_fn=measure) as pool:
         s = Search(cfg(**kw), tmp_path / name, seed_code=seed_code, mutator=mutator or BitMutator(),
-                   pool=pool, forecaster=forecaster, progress=False, say=lambda *a: None)
+                   pool=pool, forecaster=forecaster, llm_waits=llm_waits, progress=False, say=lambda *a: None)
         return s, s.run(), measure
 
 
@@ -555,6 +555,41 @@ def test_replay_of_a_parallel_log_rebuilds_the_same_archive(tmp_path):
     assert again.archive.to_dict() == first.archive.to_dict() and measure.calls == []
     assert (tmp_path / "run" / "events.jsonl").read_text() == log
     assert resumed["best_vs_measurements"] == summary["best_vs_measurements"]
+
+
+def test_a_local_llm_on_a_measuring_gpu_never_runs_during_a_measurement(tmp_path):
+    run(tmp_path, measure=SlowBitMeasure(), workers=3, llm_waits=True, gate="topk", mutations=6,
+        forecaster=ScriptedForecaster(ones_forecast))
+    events, results = measurement_events(tmp_path / "run")
+    answered = set()
+    for e in events:
+        if e["kind"] == "measurement":
+            answered.add(e["request_id"])
+        elif e["kind"] == "request" and e["payload"]["what"] in ("mutation", "forecast"):
+            sent = {x["request_id"] for x in events[:events.index(e)]
+                    if x["kind"] == "request" and x["payload"]["what"] == "measurement"}
+            assert sent <= answered, f"{e['request_id']} ran with measurements in flight"
+
+
+def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
+    import torch
+
+    import forecaster_backends
+    import measure_sandbox
+    import search_setup
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(measure_sandbox, "require_sandbox", lambda: None)
+    monkeypatch.setattr(forecaster_backends, "pick_local_model", lambda name: "a-local-model")
+    base = ["--task", "cross_entropy", "--gate", "topk", "--no-memory-check"]
+    for gpus, flags, devices, waits in [
+            (3, [], ["cuda:0", "cuda:1"], False),  # the LLM on the last GPU, alone
+            (3, ["--llm-device", "cuda:1", "--devices", "1,2"], ["cuda:1", "cuda:2"], True),
+            (3, ["--server", "http://localhost:8000/v1"], ["cuda:0", "cuda:1", "cuda:2"], False),
+            (1, [], ["cuda:0"], True)]:  # one GPU for both
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        env = search_setup.setup(search.parse_args(base + flags), say=lambda *a: None)
+        env.pool.close()
+        assert (env.pool.names, env.llm_waits) == (devices, waits), flags
 
 
 KILLED_SEARCH = """
