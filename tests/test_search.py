@@ -580,6 +580,7 @@ def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(measure_sandbox, "require_sandbox", lambda: None)
     monkeypatch.setattr(forecaster_backends, "pick_local_model", lambda name: "a-local-model")
+    monkeypatch.setattr(search_setup, "hardware_info", lambda *a: {"name": "a GPU"})
     base = ["--task", "cross_entropy", "--gate", "topk", "--no-memory-check"]
     for gpus, flags, devices, waits in [
             (3, [], ["cuda:0", "cuda:1"], False),  # the LLM on the last GPU, alone
