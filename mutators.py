@@ -74,6 +74,11 @@ def goal_band(target_bin):
     return low, high, math.sqrt(window[0] * window[1])
 
 
+def goal_reward(speedup, target_bin):
+    """The goal-conditioned reward: minus the log-distance of a speedup from the bin's midpoint."""
+    return -abs(math.log(speedup) - math.log(goal_band(target_bin)[2]))
+
+
 def _band_text(target_bin):
     low, high, mid = goal_band(target_bin)
     band = f"below {high:.2f}x" if low == 0 else f"at least {low:.2f}x" if math.isinf(high) \

@@ -68,7 +68,6 @@ Decisions this file documents:
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -77,11 +76,12 @@ from pathlib import Path
 import bins
 import cli
 import metrics
+import plots
 from cli import flag
 from dataset import training_row
 from forecast_prompt import PROTOCOLS
 from lm import DEFAULT_MODEL
-from mutators import goal_band
+from mutators import goal_reward
 from puct import Archive
 from records import EventLog, RecordError, write_atomic
 from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
@@ -226,11 +226,6 @@ def with_protocol_defaults(args):
     return replace(args, keep_children=args.keep_children or (4 if paper else 2),
                    parse_retries=int(paper) if args.parse_retries is None else args.parse_retries,
                    steps=args.steps or (args.budget if paper and args.budget else 40))
-
-
-def goal_reward(speedup, target_bin):
-    """The goal-conditioned reward: minus the log-distance of a speedup from the bin's midpoint."""
-    return -abs(math.log(speedup) - math.log(goal_band(target_bin)[2]))
 
 
 # ---- the search -------------------------------------------------------------------------------
@@ -515,25 +510,16 @@ def write_outputs(out, archive, summary, rows, curve=None, title=""):
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
     write_atomic(out / "training_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if curve is not None:
-        _plot_curves({f"{summary['gate']} gate": curve}, out / "best_speedup.png", title)
+        plots.plot_curves({f"{summary['gate']} gate": curve}, out / "best_speedup.png", title)
 
 
 def write_compare(out, results, task):
     """compare.json and compare.png of a --compare run: {arm: summary} of the gated and the
     ungated search with the same budget."""
     out = Path(out)
-    _plot_curves({f"{arm} ({s['gate']})": s["best_vs_measurements"] for arm, s in results.items()},
+    plots.plot_curves({f"{arm} ({s['gate']})": s["best_vs_measurements"] for arm, s in results.items()},
                  out / "compare.png", f"{task}: gated vs ungated search, same budget")
     write_atomic(out / "compare.json", json.dumps(results, indent=1))
-
-
-def _plot_curves(curves, path, title):
-    try:
-        import plots
-    except ImportError:  # a bare GPU machine may lack matplotlib; the curve is also in summary.json
-        print(f"matplotlib is not installed: {path} not drawn (pip install matplotlib)", file=sys.stderr)
-        return
-    plots.plot_curves(curves, path, title)
 
 
 def _brief(m):

@@ -908,7 +908,7 @@ def test_confidence_gate_with_the_real_guaranteed_risk_threshold(tmp_path):
 
 def test_goal_conditioned_search_keeps_the_kernels_closest_to_the_band(tmp_path):
     from mutators import goal_band
-    from search import goal_reward
+    from mutators import goal_reward
     # bin 5 = [1.414x, 2x), midpoint 2^0.75 = 1.68x; BitMeasure's speedups are 1 + (number of ones)
     assert goal_band(5)[2] == pytest.approx(2 ** 0.75)
     assert goal_band(1)[2] == pytest.approx(2 ** -1.5) and goal_band(8)[2] == pytest.approx(2 ** 2.5)
