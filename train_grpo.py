@@ -20,6 +20,9 @@ Reward (a parse failure scores 0 in every variant), y = the true bin of the meas
                                                     --protocol paper: the bin the model stated)
     brier       = correctness + (1 - Brier(p, y))  (half-Brier, bins.brier)
     crps        = correctness + (1 - CRPS(p, y))   (ranked probability score / 7, bins.crps)
+--score-weight w multiplies the proper-score term, correctness + w * (1 - score); the paper's is 1.
+(w = 7 with crps makes its term the ranked probability score without the /7, whose pay for an honest
+spread over adjacent bins is about Brier's; see docs/FIDELITY.md and scripts/calibration_demo.py.)
 Advantage: A = reward - mean of its group (the G samples of one prompt); --scale-std also divides
 by the group's sample std. Groups whose rewards are all equal carry no signal and are dropped.
 
@@ -108,6 +111,8 @@ class Args:
     embedded: bool = flag(False, "the embedded SmolLM2-135M-Instruct (CPU; exercises the pipeline, "
                           "its forecasts mean nothing)")
     reward: str = flag("brier", "correctness, +Brier or +CRPS", choices=REWARDS)
+    score_weight: float = flag(1.0, "w in correctness + w * (1 - score) of the brier and crps rewards; "
+                               "1 is the paper's (docs/FIDELITY.md)")
     answer_format: str = flag("json", "json: the forecaster's answer and parser; votes: K constrained bin digits",
                               choices=("json", "votes"))
     votes: int = flag(4, "K of the votes format")
@@ -236,17 +241,18 @@ def scored_bin(forecast, protocol="ours"):
     return bins.predicted_bin(forecast.probs)
 
 
-def reward(forecast, true_bin, kind, protocol="ours"):
-    """The paper's rewards; a parse failure (or a deferral: no probabilities) scores 0 in every variant."""
+def reward(forecast, true_bin, kind, protocol="ours", *, weight=1.0):
+    """The paper's rewards (weight: of the proper-score term, 1 in the paper); a parse failure (or a
+    deferral: no probabilities) scores 0 in every variant."""
     if forecast.parse_failed or forecast.probs is None:
         return 0.0
     correct = float(scored_bin(forecast, protocol) == true_bin)
     if kind == "correctness":
         return correct
     if kind == "brier":
-        return correct + 1.0 - bins.brier(forecast.probs, true_bin)
+        return correct + weight * (1.0 - bins.brier(forecast.probs, true_bin))
     if kind == "crps":
-        return correct + 1.0 - bins.crps(forecast.probs, true_bin)
+        return correct + weight * (1.0 - bins.crps(forecast.probs, true_bin))
     raise ValueError(f"unknown reward {kind!r}; choose one of: {', '.join(REWARDS)}")
 
 
@@ -356,9 +362,9 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
 
-def group_scores(forecasts, true_bin, kind, protocol="ours"):
+def group_scores(forecasts, true_bin, kind, protocol="ours", weight=1.0):
     """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
-    rewards = [reward(f, true_bin, kind, protocol) for f in forecasts]
+    rewards = [reward(f, true_bin, kind, protocol, weight=weight) for f in forecasts]
     parsed = [f for f in forecasts if f.probs is not None]
     probs = [bins.UNIFORM if f.probs is None else f.probs for f in forecasts]
     return rewards, {
@@ -446,7 +452,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         rewards, totals = [], {}
         for i, row in enumerate(rows):
             forecasts = [parse(s["text"]) for s in samples[i * G:(i + 1) * G]]
-            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward, args.protocol)
+            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward, args.protocol,
+                                                 args.score_weight)
             rewards.append(group_rewards)
             totals = {k: totals.get(k, 0) + v for k, v in scores.items()}
         # 4. group advantages; groups whose rewards are all equal carry no signal and are dropped
@@ -548,6 +555,8 @@ def check_args(args):
         return "--server samples from the served model; drop --embedded (the embedded model is local)"
     if args.group_size < 2:
         return "--group-size must be >= 2: an advantage compares samples of the same prompt"
+    if not args.score_weight >= 0:
+        return "--score-weight must be >= 0 (1 is the paper's; 0 leaves correctness alone)"
     if not args.temperature > 0:
         return "--temperature must be > 0: GRPO learns from sampled completions"
     if not 0 <= args.eval_fraction < 1:

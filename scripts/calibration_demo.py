@@ -15,14 +15,18 @@ policy that puts every vote on the mode reaches it with confidence 1, so its exp
 error is 1 - 0.69 = 0.31; a policy that reports q reaches the same accuracy with ECE near 0.
 
 It trains a tiny language model (a Llama of 2 layers, hidden 64, built from a config with a
-23-word vocabulary; or the tiny GPT-OSS) three times on the same rows and seeds, once per reward,
+23-word vocabulary; or the tiny GPT-OSS) once per reward setting on the same rows and seeds,
 through train_grpo.train itself (the votes answer format: K constrained bin digits, the forecast
 is the vote histogram), evaluates each on held-out rows of the same task (train_grpo's own
-evaluation, scored by metrics.report), and reports per reward the mean and spread over seeds of
+evaluation, scored by metrics.report), and reports per setting the mean and spread over seeds of
 accuracy, mean confidence, ECE, Brier, CRPS, NLL and the total-variation distance of the forecast
 from q, the ratio of each proper reward's ECE to correctness's, and the incentive: how much more
-reward reporting q earns than reporting the mode alone. A reliability diagram puts the three
-rewards side by side (plots.plot_reliability_panels). Every number is measured by the run.
+reward reporting q earns than reporting the mode alone. A reliability diagram puts the settings
+side by side (plots.plot_reliability_panels). Every number is measured by the run.
+
+The settings (--rewards): correctness, +Brier and +CRPS as the paper weighs them (w = 1 in
+correctness + w * (1 - score)), and +CRPS with w = 7 ("crps:7", train_grpo's --score-weight 7):
+the ranked probability score without its /7, which pays for the truth about as much as Brier does.
 
 Why the votes format: a model that must write 8 probabilities as text cannot learn to in minutes on
 a CPU, while K = 4 constrained digits parse from the first step. It also makes correctness's
@@ -30,17 +34,23 @@ preference strict: a forecast stated once, deterministically, earns the same cor
 it is q or the mode alone (the argmax is the same), but sampled votes that spread over two bins
 sometimes outvote the mode, so correctness pays for putting every vote on it. The proper rewards
 pay for the spread: +Brier 0.125 per answer on average over this task's kinds, +CRPS an eighth of
-that (its score is divided by 7, and only the thresholds between the adjacent bins move).
+that (its score is divided by 7, and only the thresholds between the adjacent bins move), too
+little to be learned against the noise of the correctness term in a few hundred steps; at w = 7 it
+pays 0.109.
 
-    python scripts/calibration_demo.py                 # 3 seeds x 3 rewards, minutes on 2 CPU cores
-    python scripts/calibration_demo.py --json          # one JSON object keyed by reward
+    python scripts/calibration_demo.py                 # 3 seeds x 4 settings, minutes on 2 CPU cores
+    python scripts/calibration_demo.py --json          # one JSON object keyed by setting
+    python scripts/calibration_demo.py --rewards correctness,brier,crps   # the paper's weights only
 """
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +66,7 @@ from dataset import load_predictions  # noqa: E402
 from forecast_answer import DIGITS, Forecast  # noqa: E402
 from records import read_jsonl  # noqa: E402
 
-REWARDS = train_grpo.REWARDS  # correctness, brier, crps
+DEFAULT_SETTINGS = "correctness,brier,crps,crps:7"
 SHAPES = {  # offset from the level -> probability of that bin
     "sharp": {0: 1.0},
     "skewed": {0: 0.75, 1: 0.25},
@@ -67,8 +77,7 @@ LEVELS = (3, 6)  # every bin in reach is an inner bin (a finite speedup interval
 KINDS = tuple((level, shape) for level in LEVELS for shape in SHAPES)
 PROMPT_END = "votes:"
 VOCAB = ("<pad>", "<eos>", *DIGITS, PROMPT_END, *(f"L{b}" for b in bins.BINS), *SHAPES)
-LABELS = {"correctness": "correctness", "brier": "correctness + Brier",
-          "crps": "correctness + CRPS"}
+LABELS = {"correctness": "correctness", "brier": "Brier", "crps": "CRPS"}
 SCORES = ("accuracy", "confidence", "ece", "brier", "crps", "nll", "tv")
 
 
@@ -101,18 +110,58 @@ def make_rows(n, seed):
     return rows
 
 
-def incentive(kind):
+def incentive(kind, weight=1.0):
     """Mean over the prompt kinds of E_y~q[reward] of reporting q minus that of reporting the mode
     with probability 1: what a reward pays a policy for telling the truth about its uncertainty."""
     def one(probs, level, shape):
         f = Forecast(probs=list(probs), predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
         q = true_distribution(level, shape)
-        return sum(q[y - 1] * train_grpo.reward(f, y, kind) for y in bins.BINS if q[y - 1] > 0)
+        return sum(q[y - 1] * train_grpo.reward(f, y, kind, weight=weight)
+                   for y in bins.BINS if q[y - 1] > 0)
     gains = []
     for level, shape in KINDS:
         q = true_distribution(level, shape)
         gains.append(one(q, level, shape) - one(np.eye(bins.N_BINS)[np.argmax(q)], level, shape))
     return float(np.mean(gains))
+
+
+# ---- the reward settings: a reward and the weight of its proper-score term ------------------------
+
+def parse_settings(text):
+    """"correctness,brier,crps:7" -> [("correctness", 1.0), ("brier", 1.0), ("crps", 7.0)]; a
+    ValueError names the bad item."""
+    settings = []
+    for item in text.split(","):
+        reward, _, weight = item.strip().partition(":")
+        if reward not in train_grpo.REWARDS:
+            raise ValueError(f"--rewards: unknown reward {reward!r} in {item!r}; choose from "
+                             f"{', '.join(train_grpo.REWARDS)}, each optionally :WEIGHT")
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--rewards: {item!r}: the weight after ':' must be a number") from None
+        if not w > 0 or (reward == "correctness" and w != 1):
+            raise ValueError(f"--rewards: {item!r}: the weight of a proper score must be > 0 "
+                             "(correctness has none)")
+        settings.append((reward, w))
+    if "correctness" not in [r for r, _ in settings]:
+        raise ValueError("--rewards must include correctness: the ECE ratios compare against it")
+    if len(set(settings)) < len(settings):
+        raise ValueError(f"--rewards {text}: a setting is repeated")
+    return settings
+
+
+def setting_name(reward, weight):
+    """The key of a setting in the results: its reward, with ":w" when w is not the paper's 1."""
+    return reward if weight == 1 else f"{reward}:{weight:g}"
+
+
+def setting_label(reward, weight):
+    if reward == "correctness":
+        return "correctness"
+    if weight == 1:
+        return f"correctness + {LABELS[reward]} (the paper's)"
+    return f"correctness + {weight:g} x (1 - {LABELS[reward]})"
 
 
 # ---- the tiny policy ----------------------------------------------------------------------------
@@ -151,9 +200,10 @@ LORA_TARGETS = {"llama": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_pro
                 "gpt_oss": "q_proj,k_proj,v_proj,o_proj"}  # GPT-OSS adds its experts itself
 
 
-def train_args(opts, reward, seed, data, out):
+def train_args(opts, reward, weight, seed, data, out):
     """train_grpo's own command line for one run: the demo trains exactly what a user would."""
-    argv = ["--data", str(data), "--out", str(out), "--reward", reward, "--seed", str(seed),
+    argv = ["--data", str(data), "--out", str(out), "--reward", reward, "--score-weight", f"{weight:g}",
+            "--seed", str(seed),
             "--answer-format", "votes", "--votes", str(opts.votes), "--steps", str(opts.steps),
             "--prompts-per-step", str(opts.prompts_per_step), "--group-size", str(opts.group_size),
             "--lr", str(opts.lr), "--lora-rank", "8", "--lora-alpha", "16",
@@ -169,11 +219,15 @@ def train_args(opts, reward, seed, data, out):
     return args
 
 
-def run_one(opts, reward, seed, data, out):
+def run_one(opts, reward, weight, seed, data, out):
     """Train one policy with train_grpo.train; returns its held-out scores against the drawn bins
-    (metrics.report's accuracy, ECE, Brier, CRPS, NLL) and against q (mean confidence, TV)."""
+    (metrics.report's accuracy, ECE, Brier, CRPS, NLL) and against q (mean confidence, TV), and
+    its held-out forecasts. One torch thread: tiny tensors gain nothing from a second, and the
+    demo's --jobs processes share the cores."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
     tok = tiny_tokenizer()
-    result = train_grpo.train(train_args(opts, reward, seed, data, out),
+    result = train_grpo.train(train_args(opts, reward, weight, seed, data, out),
                               prompt_fn=lambda row: tok.encode(row["candidate_code"]),
                               model=tiny_model(opts.arch, seed), tokenizer=tok)
     ev = result["eval"]
@@ -185,7 +239,15 @@ def run_one(opts, reward, seed, data, out):
     confidence = float(np.mean([max(p["probs"]) for p in parsed]))
     return {"accuracy": ev["accuracy"], "confidence": confidence, "ece": ev["ece"],
             "brier": ev["brier"], "crps": ev["crps"], "nll": ev["nll"], "tv": float(np.mean(tv)),
-            "parse_rate": ev["parse_rate"]}, preds
+            "parse_rate": ev["parse_rate"], "seed": seed,
+            "seconds": round(time.perf_counter() - t0, 1)}, preds
+
+
+def run_quietly(*run):
+    """run_one in a worker process, its progress bar silenced: several runs' bars would garble
+    the terminal, and the demo's own bar counts the runs."""
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        return run_one(*run)
 
 
 # ---- the experiment -----------------------------------------------------------------------------
@@ -194,18 +256,23 @@ def mean_std(values):
     return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
 
 
-def summarise(per_seed):
-    """{reward: [scores per seed]} -> {reward: means, "std": stds, "seeds": [...], ECE ratio}."""
+def summarise(settings, per_seed):
+    """{setting: [scores per seed]} -> {setting: means, "std": stds, "seeds": [...], ECE ratio}."""
     out = {}
-    for reward, runs in per_seed.items():
-        entry = {k: mean_std([r[k] for r in runs])[0] for k in SCORES}
+    for reward, weight in settings:
+        name = setting_name(reward, weight)
+        runs = per_seed[name]
+        entry = {"reward": reward, "score_weight": weight, "label": setting_label(reward, weight)}
+        entry.update({k: mean_std([r[k] for r in runs])[0] for k in SCORES})
         entry["std"] = {k: mean_std([r[k] for r in runs])[1] for k in SCORES}
         if reward != "correctness":  # per seed: same rows, same init, only the reward differs
-            ratio = mean_std([r["ece"] / c["ece"] for r, c in zip(runs, per_seed["correctness"])])
+            pairs = list(zip(runs, per_seed["correctness"]))
+            ratio = mean_std([r["ece"] / c["ece"] for r, c in pairs])
             entry["ece_ratio_to_correctness"] = {"mean": ratio[0], "std": ratio[1]}
-        entry["incentive"] = incentive(reward)
+            entry["seeds_with_lower_ece"] = sum(r["ece"] < c["ece"] for r, c in pairs)
+        entry["incentive"] = incentive(reward, weight)
         entry["seeds"] = runs
-        out[reward] = entry
+        out[name] = entry
     return out
 
 
@@ -215,35 +282,51 @@ def machine():
     if cpuinfo.exists():
         name = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                      if line.startswith("model name")), name)
-    threads = torch.get_num_threads()
-    return f"{name}, {os.cpu_count()} cores, torch on {threads} thread(s), no GPU used"
+    load = f", load average {os.getloadavg()[0]:.1f} at the end" if hasattr(os, "getloadavg") else ""
+    return f"{name}, {os.cpu_count()} cores{load}, torch on 1 thread per run, no GPU used"
 
 
 def run_demo(opts):
+    """Every (seed, setting) run, --jobs at a time, each in its own process (or all in this one
+    with --jobs 1: the numbers are the same, every run seeds itself); then the summary and plot."""
     from tqdm import tqdm
+    settings = parse_settings(opts.rewards)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    per_seed, preds = {r: [] for r in REWARDS}, {r: [] for r in REWARDS}
-    bar = tqdm(total=opts.seeds * len(REWARDS), desc="runs (seed x reward)", position=0)
+    runs = []
     for seed in range(opts.seeds):
         data = out / f"seed{seed}" / "rows.jsonl"
         data.parent.mkdir()
         data.write_text("".join(json.dumps(r) + "\n" for r in make_rows(opts.rows, seed)))
-        for reward in REWARDS:
-            t = time.perf_counter()
-            scores, p = run_one(opts, reward, seed, data, data.parent / reward)
-            seconds = round(time.perf_counter() - t, 1)
-            per_seed[reward].append(dict(scores, seed=seed, seconds=seconds))
-            preds[reward] += p
+        runs += [(opts, reward, weight, seed, data,
+                  data.parent / setting_name(reward, weight).replace(":", "-w"))
+                 for reward, weight in settings]
+    bar = tqdm(total=len(runs), desc="runs (seed x setting)", position=0)
+    if opts.jobs == 1:
+        results = []
+        for run in runs:
+            results.append(run_one(*run))
             bar.update()
+    else:  # fresh processes (spawn): a forked copy of a process that ran torch can hang
+        with ProcessPoolExecutor(opts.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_quietly, *run) for run in runs]
+            for _ in as_completed(futures):
+                bar.update()
+            results = [f.result() for f in futures]
     bar.close()
-    summary = summarise(per_seed)
+    per_seed, preds = {}, {}
+    for (_, reward, weight, *_), (scores, p) in zip(runs, results):
+        name = setting_name(reward, weight)
+        per_seed.setdefault(name, []).append(scores)
+        preds.setdefault(name, []).extend(p)
+    summary = summarise(settings, per_seed)
     plot = out / "reliability.png"
     pooled = f"{opts.seeds} seed{'s' if opts.seeds > 1 else ''} pooled"
     plots.plot_reliability_panels(
-        {f"GRPO reward: {LABELS[r]} ({pooled})": preds[r] for r in REWARDS}, plot)
+        {f"{setting_label(*s)}\n({pooled})": preds[setting_name(*s)] for s in settings}, plot)
     meta = {"machine": machine(), "wall_seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(sum(r[0]["seconds"] for r in results), 1),
             "config": vars(opts), "plot": str(plot)}
     (out / "results.json").write_text(json.dumps({"rewards": summary, **meta}, indent=1))
     return summary, meta
@@ -254,18 +337,21 @@ def print_table(summary, meta, opts):
     print(f"{opts.arch} (2 layers, hidden 64), votes K={opts.votes}, {opts.steps} GRPO steps x "
           f"{opts.prompts_per_step} prompts x G={opts.group_size}; {opts.seeds} seeds; held-out "
           f"{n_eval} rows x {opts.eval_samples} forecasts per seed")
-    print(f"{meta['machine']}; {meta['wall_seconds'] / 60:.1f} min")
-    print(f"{'reward':12}" + "".join(f"{k:>16}" for k in SCORES))
-    for reward, e in summary.items():
+    print(f"{meta['machine']}; {meta['wall_seconds'] / 60:.1f} min wall, "
+          f"{meta['cpu_seconds'] / 60:.1f} min in the runs, {opts.jobs} at a time")
+    for name, e in summary.items():
+        print(f"  {name:12} {e['label']}")
+    print(f"{'setting':12}" + "".join(f"{k:>16}" for k in SCORES))
+    for name, e in summary.items():
         cells = [f"{e[k]:.3f}" + (f" ± {e['std'][k]:.3f}" if e["std"][k] is not None else "")
                  for k in SCORES]
-        print(f"{reward:12}" + "".join(f"{c:>16}" for c in cells))
-    for reward, e in summary.items():
+        print(f"{name:12}" + "".join(f"{c:>16}" for c in cells))
+    for name, e in summary.items():
         ratio = e.get("ece_ratio_to_correctness")
         if ratio:
             spread = f" ± {ratio['std']:.2f}" if ratio["std"] is not None else ""
-            print(f"ECE {reward} / ECE correctness: {ratio['mean']:.2f}{spread} "
-                  f"(ratio per seed, mean ± std)")
+            print(f"ECE {name} / ECE correctness: {ratio['mean']:.2f}{spread} (ratio per seed, "
+                  f"mean ± std; lower in {e['seeds_with_lower_ece']} of {opts.seeds} seeds)")
     print("incentive, E[reward | report q] - E[reward | report the mode alone]: " +
           ", ".join(f"{r} {e['incentive']:+.4f}" for r, e in summary.items()))
     print(f"reliability diagram: {meta['plot']}")
@@ -278,9 +364,15 @@ def build_parser():
                                  "+Brier vs +CRPS, mean and spread over seeds.")
     a = ap.add_argument
     a("--out", default="runs/calibration_demo", help="output folder, must not hold a previous "
-      "demo (default runs/calibration_demo): results.json, reliability.png, seed*/<reward>/ runs")
+      "demo (default runs/calibration_demo): results.json, reliability.png, seed*/<setting>/ runs")
+    a("--rewards", default=DEFAULT_SETTINGS, help="the reward settings, comma-separated: "
+      "correctness, brier or crps, each optionally :W, the weight w of its proper-score term in "
+      "correctness + w * (1 - score) (train_grpo's --score-weight; 1, the paper's, when omitted); "
+      f"must include correctness (default {DEFAULT_SETTINGS})")
     a("--seeds", type=int, default=3, help="independent repetitions (seeds 0..N-1: rows, model "
-      "init, sampling); each trains all three rewards (default 3)")
+      "init, sampling); each trains every setting (default 3)")
+    a("--jobs", type=int, default=2, help="runs trained at once, each in its own process on one "
+      "torch thread (default 2; 1 runs them all in this process)")
     a("--steps", type=int, default=600, help="GRPO steps per run (default 600)")
     a("--prompts-per-step", type=int, default=4, help="rows per step (default 4)")
     a("--group-size", type=int, default=16, help="G, sampled answers per row (default 16)")
@@ -293,14 +385,14 @@ def build_parser():
     a("--eval-samples", type=int, default=4, help="forecasts per held-out row (default 4)")
     a("--arch", choices=("llama", "gpt_oss"), default="llama", help="the tiny model: a Llama "
       "(default, faster on CPU) or a GPT-OSS with 4 experts, both built from a config")
-    a("--json", action="store_true", help="print the results as one JSON object keyed by reward "
-      "instead of the table")
+    a("--json", action="store_true", help="print the results as one JSON object "
+      "keyed by setting instead of the table")
     return ap
 
 
 def check(opts):
     """One line naming the problem and the fix, before anything is written."""
-    for name in ("seeds", "steps", "prompts_per_step", "eval_samples"):
+    for name in ("seeds", "steps", "prompts_per_step", "eval_samples", "jobs"):
         if getattr(opts, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
     if opts.group_size < 2:
@@ -312,6 +404,10 @@ def check(opts):
         return "--eval-fraction must be in (0, 1): the demo scores held-out rows"
     if round(opts.rows * opts.eval_fraction) < 1 or round(opts.rows * (1 - opts.eval_fraction)) < 1:
         return f"--rows {opts.rows} leaves no training or no held-out row; give more rows"
+    try:
+        parse_settings(opts.rewards)
+    except ValueError as e:
+        return str(e)
     out = Path(opts.out)
     if out.exists() and any(out.iterdir()):
         return f"--out {out} is not empty (a previous demo?); delete it or choose another --out"
@@ -324,9 +420,6 @@ def main(argv=None):
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    # tiny tensors gain nothing from a second thread, and on a busy 2-core machine waking the
-    # pool costs more than the op
-    torch.set_num_threads(1)
     try:
         summary, meta = run_demo(opts)
     except (ValueError, OSError) as e:

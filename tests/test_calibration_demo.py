@@ -1,13 +1,14 @@
 """Tests of scripts/calibration_demo.py: the synthetic task is what the demo's argument needs, and
-the demo's plumbing (three train_grpo runs per seed, evaluation, JSON, plot) works on one step.
+the demo's plumbing (one train_grpo run per seed and reward setting, in worker processes,
+evaluation, JSON, plot) works on one step.
 
 The full run (does +Brier/+CRPS calibrate better than correctness?) is a benchmark, not a test: its
 measured numbers are in the README. What is asserted here holds by construction or not at all:
 rows follow their kind's distribution, reporting the true distribution is calibrated while
 reporting the mode alone is not (at the same accuracy), and only the proper rewards pay for it.
 """
-import importlib.util
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,11 +21,9 @@ import selective
 from forecast_answer import DIGITS
 from train_grpo import parse_votes
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("calibration_demo",
-                                               ROOT / "scripts" / "calibration_demo.py")
-demo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(demo)
+# imported by name (not from its path): the demo's worker processes must import it too
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import calibration_demo as demo  # noqa: E402
 
 
 def test_true_distributions():
@@ -71,10 +70,21 @@ def test_reporting_the_truth_is_calibrated_and_the_mode_is_not():
 
 def test_only_the_proper_rewards_pay_for_the_truth():
     # correctness scores q and the mode alike; +Brier pays 1/8 of a reward point on average for
-    # reporting q, +CRPS (whose score is divided by 7) one eighth of that
+    # reporting q, +CRPS (whose score is divided by 7) one eighth of that; weighted by 7 (the
+    # ranked probability score without the /7) it pays 7/8 of Brier's
     assert demo.incentive("correctness") == pytest.approx(0.0)
     assert demo.incentive("brier") == pytest.approx(0.125)
     assert demo.incentive("crps") == pytest.approx(0.015625)
+    assert demo.incentive("crps", weight=7) == pytest.approx(0.109375)
+
+
+def test_reward_settings():
+    assert demo.parse_settings(demo.DEFAULT_SETTINGS) == [
+        ("correctness", 1.0), ("brier", 1.0), ("crps", 1.0), ("crps", 7.0)]
+    assert [demo.setting_name(*s) for s in demo.parse_settings("correctness, brier:2.5")] == [
+        "correctness", "brier:2.5"]
+    assert "the paper's" in demo.setting_label("crps", 1.0)
+    assert demo.setting_label("crps", 7.0) == "correctness + 7 x (1 - CRPS)"
 
 
 def test_tokenizer_and_votes():
@@ -91,17 +101,20 @@ def test_tokenizer_and_votes():
 def test_demo_plumbing(tmp_path, capsys):
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "2", "--steps", "1", "--rows", "16", "--prompts-per-step",
-            "2", "--group-size", "2", "--eval-samples", "1", "--json"]
+            "2", "--group-size", "2", "--eval-samples", "1", "--json", "--jobs", "2"]
     assert demo.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert list(result) == ["correctness", "brier", "crps"]
-    for reward, e in result.items():
+    assert list(result) == ["correctness", "brier", "crps", "crps:7"]
+    assert [(e["reward"], e["score_weight"]) for e in result.values()] == demo.parse_settings(
+        demo.DEFAULT_SETTINGS)
+    folders = {"correctness": "correctness", "brier": "brier", "crps": "crps", "crps:7": "crps-w7"}
+    for name, e in result.items():
         for k in ("accuracy", "ece", "confidence", "brier", "crps", "tv"):
             assert 0 <= e[k] <= 1 and e["std"][k] is not None
         assert [s["seed"] for s in e["seeds"]] == [0, 1]
         assert all(s["parse_rate"] == 1.0 for s in e["seeds"])  # votes always parse
         # the means are the means of what each run wrote (train_grpo's own evaluation)
-        summaries = [json.loads((out / f"seed{s}" / reward / "eval_summary.json").read_text())
+        summaries = [json.loads((out / f"seed{s}" / folders[name] / "eval_summary.json").read_text())
                      for s in (0, 1)]
         assert e["ece"] == pytest.approx(np.mean([s["ece"] for s in summaries]))
         assert e["accuracy"] == pytest.approx(np.mean([s["accuracy"] for s in summaries]))
@@ -109,10 +122,20 @@ def test_demo_plumbing(tmp_path, capsys):
               for b, c in zip(result["brier"]["seeds"], result["correctness"]["seeds"])]
     assert result["brier"]["ece_ratio_to_correctness"]["mean"] == pytest.approx(np.mean(ratios))
     assert "ece_ratio_to_correctness" not in result["correctness"]
-    # each run trained (the same rows for the three rewards of a seed) and wrote its log
-    for reward in demo.REWARDS:
-        log = (out / "seed1" / reward / "log.jsonl").read_text().splitlines()
-        assert [json.loads(x)["step"] for x in log] == [1]
+    assert result["crps:7"]["incentive"] == pytest.approx(7 * result["crps"]["incentive"])
+    # each run trained (the same rows for every setting of a seed) with its setting's reward:
+    # the logged mean reward is accuracy + w * (1 - mean score), every answer parsing
+    weights = {"correctness": 0, "brier": 1, "crps": 1, "crps:7": 7}
+    for name, folder in folders.items():
+        log = [json.loads(x) for x in (out / "seed1" / folder / "log.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in log] == [1]
+        score = log[0]["brier" if name == "brier" else "crps"]
+        assert log[0]["reward"] == pytest.approx(log[0]["accuracy"] + weights[name] * (1 - score))
+    # a worker process gives the numbers this process would: every run seeds itself
+    opts = demo.build_parser().parse_args(argv[:-2] + ["--out", str(tmp_path / "again")])
+    here, _ = demo.run_one(opts, "crps", 7.0, 1, out / "seed1" / "rows.jsonl", tmp_path / "again")
+    there = result["crps:7"]["seeds"][1]
+    assert {k: here[k] for k in demo.SCORES} == {k: there[k] for k in demo.SCORES}
     assert (out / "reliability.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((out / "results.json").read_text())
     assert saved["rewards"] == result and saved["wall_seconds"] > 0 and "cores" in saved["machine"]
@@ -127,6 +150,11 @@ def test_demo_plumbing(tmp_path, capsys):
     (["--group-size", "1"], "--group-size must be >= 2"),
     (["--eval-fraction", "0"], "--eval-fraction must be in (0, 1)"),
     (["--rows", "1"], "give more rows"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--rewards", "brier,crps"], "must include correctness"),
+    (["--rewards", "correctness,nll"], "unknown reward 'nll'"),
+    (["--rewards", "correctness,crps:x"], "must be a number"),
+    (["--rewards", "correctness,crps:0"], "must be > 0"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
     assert demo.main(["--out", str(tmp_path / "o"), *flags]) == 2

@@ -67,6 +67,22 @@ def test_rewards_exact():
         train_grpo.reward(fc(p), 4, "nll")
 
 
+def test_score_weight_scales_only_the_proper_score_term():
+    p = [0.0, 0.0, 0.1, 0.6, 0.3, 0.0, 0.0, 0.0]
+    for y in (4, 5, 7):
+        correct = float(y == 4)
+        for kind, score in (("brier", bins.brier(p, y)), ("crps", bins.crps(p, y))):
+            assert train_grpo.reward(fc(p), y, kind, weight=7) == pytest.approx(correct + 7 * (1 - score))
+            assert train_grpo.reward(fc(p), y, kind, weight=0) == correct
+        assert train_grpo.reward(fc(p), y, "correctness", weight=7) == correct
+    # w = 7 on CRPS is the ranked probability score without its /7: sum of (F_k - [k >= y])^2
+    # y = 5: F = 0, 0, .1, .7, 1, 1, 1 against 0, 0, 0, 0, 1, 1, 1 -> .01 + .49
+    rps = 0.01 + 0.49
+    assert train_grpo.reward(fc(p), 5, "crps", weight=7) == pytest.approx(7 - rps)
+    assert train_grpo.reward(failure("no answer"), 4, "crps", weight=7) == 0.0
+    assert cli.parse(train_grpo.Args, ["--data", "d", "--out", "o"]).score_weight == 1.0  # the paper's
+
+
 def test_parse_votes():
     f = train_grpo.parse_votes("3 3 4 3", 4)
     assert f.probs == [0, 0, 0.75, 0.25, 0, 0, 0, 0] and f.predicted_bin == 3 and not f.parse_failed
@@ -495,6 +511,8 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert train_grpo.main(["--data", str(tmp_path / "none.jsonl"), "--out", "x"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert train_grpo.main(["--data", str(rows), "--out", "x", "--group-size", "1"]) == 2
+    assert train_grpo.main(["--data", str(rows), "--out", "x", "--score-weight", "-1"]) == 2
+    assert "--score-weight must be >= 0" in capsys.readouterr().err
     assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--resume"]) == 2
 
 
