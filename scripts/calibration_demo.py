@@ -225,7 +225,7 @@ def run_one(opts, reward, weight, seed, data, out):
     its held-out forecasts. One torch thread: tiny tensors gain nothing from a second, and the
     demo's --jobs processes share the cores."""
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     tok = tiny_tokenizer()
     result = train_grpo.train(train_args(opts, reward, weight, seed, data, out),
                               prompt_fn=lambda row: tok.encode(row["candidate_code"]),
@@ -240,7 +240,8 @@ def run_one(opts, reward, weight, seed, data, out):
     return {"accuracy": ev["accuracy"], "confidence": confidence, "ece": ev["ece"],
             "brier": ev["brier"], "crps": ev["crps"], "nll": ev["nll"], "tv": float(np.mean(tv)),
             "parse_rate": ev["parse_rate"], "seed": seed,
-            "seconds": round(time.perf_counter() - t0, 1)}, preds
+            "seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(time.process_time() - cpu0, 1)}, preds
 
 
 def run_quietly(*run):
@@ -326,7 +327,7 @@ def run_demo(opts):
     plots.plot_reliability_panels(
         {f"{setting_label(*s)}\n({pooled})": preds[setting_name(*s)] for s in settings}, plot)
     meta = {"machine": machine(), "wall_seconds": round(time.perf_counter() - t0, 1),
-            "cpu_seconds": round(sum(r[0]["seconds"] for r in results), 1),
+            "cpu_seconds": round(sum(r[0]["cpu_seconds"] for r in results), 1),
             "config": vars(opts), "plot": str(plot)}
     (out / "results.json").write_text(json.dumps({"rewards": summary, **meta}, indent=1))
     return summary, meta
@@ -337,8 +338,8 @@ def print_table(summary, meta, opts):
     print(f"{opts.arch} (2 layers, hidden 64), votes K={opts.votes}, {opts.steps} GRPO steps x "
           f"{opts.prompts_per_step} prompts x G={opts.group_size}; {opts.seeds} seeds; held-out "
           f"{n_eval} rows x {opts.eval_samples} forecasts per seed")
-    print(f"{meta['machine']}; {meta['wall_seconds'] / 60:.1f} min wall, "
-          f"{meta['cpu_seconds'] / 60:.1f} min in the runs, {opts.jobs} at a time")
+    print(f"{meta['machine']}; {meta['wall_seconds'] / 60:.1f} min wall, {opts.jobs} run(s) at a "
+          f"time; the runs used {meta['cpu_seconds'] / 60:.1f} min of CPU")
     for name, e in summary.items():
         print(f"  {name:12} {e['label']}")
     print(f"{'setting':12}" + "".join(f"{k:>16}" for k in SCORES))
