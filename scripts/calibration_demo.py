@@ -221,7 +221,8 @@ def train_args(opts, reward, weight, seed, data, out):
 
 def run_one(opts, reward, weight, seed, data, out):
     """Train one policy with train_grpo.train; returns its held-out scores against the drawn bins
-    (metrics.report's accuracy, ECE, Brier, CRPS, NLL) and against q (mean confidence, TV), and
+    (metrics.report's accuracy, ECE, Brier, CRPS, NLL) and against q (mean confidence, overall and
+    per shape, to set beside q's mode probability; TV), and
     its held-out forecasts. One torch thread: tiny tensors gain nothing from a second, and the
     demo's --jobs processes share the cores."""
     torch.set_num_threads(1)
@@ -237,7 +238,10 @@ def run_one(opts, reward, weight, seed, data, out):
     tv = [0.5 * np.abs(np.asarray(p["probs"]) - true_distribution(*kind_of[p["id"]])).sum()
           for p in parsed]
     confidence = float(np.mean([max(p["probs"]) for p in parsed]))
-    return {"accuracy": ev["accuracy"], "confidence": confidence, "ece": ev["ece"],
+    by_shape = {shape: float(np.mean([max(p["probs"]) for p in parsed if kind_of[p["id"]][1] == shape]))
+                for shape in SHAPES if any(kind_of[p["id"]][1] == shape for p in parsed)}
+    return {"accuracy": ev["accuracy"], "confidence": confidence, "confidence_by_shape": by_shape,
+            "ece": ev["ece"],
             "brier": ev["brier"], "crps": ev["crps"], "nll": ev["nll"], "tv": float(np.mean(tv)),
             "parse_rate": ev["parse_rate"], "seed": seed,
             "seconds": round(time.perf_counter() - t0, 1),
@@ -266,6 +270,10 @@ def summarise(settings, per_seed):
         entry = {"reward": reward, "score_weight": weight, "label": setting_label(reward, weight)}
         entry.update({k: mean_std([r[k] for r in runs])[0] for k in SCORES})
         entry["std"] = {k: mean_std([r[k] for r in runs])[1] for k in SCORES}
+        entry["confidence_by_shape"] = {  # mean over the seeds whose held-out rows had the shape
+            shape: float(np.mean([r["confidence_by_shape"][shape] for r in runs
+                                  if shape in r["confidence_by_shape"]]))
+            for shape in SHAPES if any(shape in r["confidence_by_shape"] for r in runs)}
         if reward != "correctness":  # per seed: same rows, same init, only the reward differs
             pairs = list(zip(runs, per_seed["correctness"]))
             ratio = mean_std([r["ece"] / c["ece"] for r, c in pairs])
@@ -353,6 +361,10 @@ def print_table(summary, meta, opts):
             spread = f" ± {ratio['std']:.2f}" if ratio["std"] is not None else ""
             print(f"ECE {name} / ECE correctness: {ratio['mean']:.2f}{spread} (ratio per seed, "
                   f"mean ± std; lower in {e['seeds_with_lower_ece']} of {opts.seeds} seeds)")
+    print("mean confidence by shape (q's mode probability: " +
+          ", ".join(f"{shape} {max(offsets.values()):.2f}" for shape, offsets in SHAPES.items()) + ")")
+    for name, e in summary.items():
+        print(f"  {name:12}" + ", ".join(f"{shape} {c:.2f}" for shape, c in e["confidence_by_shape"].items()))
     print("incentive, E[reward | report q] - E[reward | report the mode alone]: " +
           ", ".join(f"{r} {e['incentive']:+.4f}" for r, e in summary.items()))
     print(f"reliability diagram: {meta['plot']}")

@@ -111,6 +111,8 @@ def test_demo_plumbing(tmp_path, capsys):
     for name, e in result.items():
         for k in ("accuracy", "ece", "confidence", "brier", "crps", "tv"):
             assert 0 <= e[k] <= 1 and e["std"][k] is not None
+        assert set(e["confidence_by_shape"]) <= set(demo.SHAPES)
+        assert all(0.25 <= c <= 1 for c in e["confidence_by_shape"].values())  # K = 4 votes: max >= 1/4
         assert [s["seed"] for s in e["seeds"]] == [0, 1]
         assert all(s["parse_rate"] == 1.0 for s in e["seeds"])  # votes always parse
         # the means are the means of what each run wrote (train_grpo's own evaluation)
