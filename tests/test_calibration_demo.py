@@ -7,6 +7,7 @@ measured numbers are in the README. What is asserted here holds by construction 
 rows follow their kind's distribution, reporting the true distribution is calibrated while
 reporting the mode alone is not (at the same accuracy), and only the proper rewards pay for it.
 """
+import itertools
 import json
 import sys
 from collections import Counter
@@ -18,8 +19,8 @@ import pytest
 import bins
 import dataset
 import selective
-from forecast_answer import DIGITS
-from train_grpo import parse_votes
+from forecast_answer import DIGITS, Forecast
+from train_grpo import parse_votes, reward
 
 # imported by name (not from its path): the demo's worker processes must import it too
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -76,6 +77,30 @@ def test_only_the_proper_rewards_pay_for_the_truth():
     assert demo.incentive("brier") == pytest.approx(0.125)
     assert demo.incentive("crps") == pytest.approx(0.015625)
     assert demo.incentive("crps", weight=7) == pytest.approx(0.109375)
+
+
+def test_on_split_prompts_the_best_independent_votes_are_q():
+    # what the README says of +CRPS at the paper's weight: its optimum is right, its pay is small.
+    # A policy that draws its 4 votes independently, the level with probability a and the next bin
+    # otherwise; exact expectation over the votes and over y ~ q = (.5, .5).
+    level, q = 3, demo.true_distribution(3, "split")
+
+    def expected(a, kind):
+        total = 0.0
+        for votes in itertools.product((level, level + 1), repeat=4):
+            chance = np.prod([a if v == level else 1 - a for v in votes])
+            probs = np.bincount(votes, minlength=bins.N_BINS + 1)[1:] / 4
+            f = Forecast(probs=list(probs), predicted_bin=bins.predicted_bin(probs), raw_sum=1.0)
+            total += chance * sum(q[y - 1] * reward(f, y, kind) for y in (level, level + 1))
+        return total
+    grid = np.linspace(0, 1, 21)
+    for kind in ("brier", "crps"):
+        values = [expected(a, kind) for a in grid]
+        assert grid[int(np.argmax(values))] == pytest.approx(0.5)
+    gain = {kind: expected(0.5, kind) - expected(1.0, kind) for kind in ("brier", "crps")}
+    assert gain["crps"] < gain["brier"] / 6  # the same optimum, a seventh of the pay
+    # correctness cannot tell these policies apart (a tie goes to the lower bin, the level)
+    assert [expected(a, "correctness") for a in grid] == pytest.approx([0.5] * len(grid))
 
 
 def test_reward_settings():
