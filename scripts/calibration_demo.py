@@ -372,9 +372,10 @@ def print_table(summary, meta, opts):
 
 def build_parser():
     ap = argparse.ArgumentParser(description="Trains a tiny forecaster with GRPO (train_grpo.py) "
-                                 "once per reward on a synthetic task whose true bin is drawn from "
-                                 "a known distribution, and compares calibration: correctness vs "
-                                 "+Brier vs +CRPS, mean and spread over seeds.")
+                                 "once per reward setting on a synthetic task whose true bin is "
+                                 "drawn from a known distribution, and compares calibration: "
+                                 "correctness vs +Brier vs +CRPS (at the paper's weight and at 7), "
+                                 "mean and spread over seeds.")
     a = ap.add_argument
     a("--out", default="runs/calibration_demo", help="output folder, must not hold a previous "
       "demo (default runs/calibration_demo): results.json, reliability.png, seed*/<setting>/ runs")
