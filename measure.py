@@ -388,7 +388,7 @@ class _Session:
                 self.pair(case, n, cand_first=secrets.randbits(1))
                 if time.monotonic() >= warm_until:
                     break
-        ref_t, cand_t, ref_over, cand_over, ref_win = [], [], [], [], []
+        ref_t, cand_t, ref_over, cand_over, ref_win, cand_sums = [], [], [], [], [], []
         start = self.wall_s
         while len(ref_over) < max_blocks and (len(ref_over) < min_blocks or self.wall_s - start < budget):
             ref_ms, r_win, cand_ms, c_win = self.pair(case, n, cand_first=len(ref_over) % 2)
@@ -397,6 +397,7 @@ class _Session:
             ref_over.append(r_win - sum(ref_ms))
             cand_over.append(c_win - sum(cand_ms))
             ref_win.append(r_win)
+            cand_sums.append(sum(cand_ms))
         # The parent's clock. A block costs the harness (inputs, L2 flushes, fingerprint, pipes)
         # the same on both sides; what a candidate block costs beyond its paired reference block
         # is work the candidate's own timer did not see (another stream, a thread, a forged
@@ -416,6 +417,18 @@ class _Session:
             cand_t = [t + per_call for t in cand_t]
             flags.append(f"{case_str(case)}: the worker's timer missed {per_call:.3f} ms per call that the "
                          "parent's clock saw; added to the candidate's time")
+        # An extraordinary claim needs both clocks to agree. When the calls claim more than
+        # CONFIRM_SPEEDUP over the reference, the candidate's time per call is at least what the
+        # parent's clock saw of it (the median over blocks of the candidate's block less the
+        # harness's share, taken from its paired reference block), whenever that is over twice the
+        # claim. A forged timer whose excess hides in the noise of the test above (a heavily loaded
+        # machine) is caught here; an honest fast kernel's two clocks agree within the noise.
+        claimed = _median(cand_t)
+        parent_ms = _median([(s + e) / n for s, e in zip(cand_sums, excess)])
+        if claimed * CONFIRM_SPEEDUP < _median(ref_t) and parent_ms > 2 * claimed:
+            cand_t = [t + parent_ms - claimed for t in cand_t]
+            flags.append(f"{case_str(case)}: the worker's timer claimed {claimed:.4f} ms per call, the parent's "
+                         f"clock saw {parent_ms:.4f} ms; the parent's clock is taken")
         row = dict(case=case, reference_ms=_median(ref_t), candidate_ms=_median(cand_t),
                    reference_spread=_spread(ref_t), candidate_spread=_spread(cand_t), reps=len(cand_t),
                    block_calls=n, clock_excess_ms=round(mean, 4), flags=flags)

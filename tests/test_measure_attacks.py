@@ -87,6 +87,16 @@ def test_a_forged_timer_is_overruled_by_the_parents_clock(attack):
     assert any("parent's clock" in f for f in m.flags), m.flags
 
 
+def test_an_extraordinary_claim_needs_the_parents_clock_to_agree(attack, monkeypatch):
+    """The forged timer again, with the parent clock's noise test blinded, as a heavily loaded
+    machine can blind it: a claim of more than 10x stands only if the parent's clock agrees."""
+    monkeypatch.setattr(measure, "CLOCK_FLOOR_REL", 1e9)
+    m = attack("timer_via_gc")
+    assert m.status == "ok", m.message
+    assert m.speedup < HONEST, m.cases
+    assert any("parent's clock is taken" in f for f in m.flags), m.flags
+
+
 def test_work_in_threads_that_exit_still_counts(attack):
     m = attack("work_in_exiting_threads")
     assert m.status == "ok" and m.speedup < HONEST, (m.status, m.message, m.speedup)
