@@ -569,3 +569,12 @@ def backward_prompt(kv, leaves):
              if leaf.grad is not None]
     if pairs:
         torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def peak_memory_bytes(device):
+    """The policy process's peak memory: what the allocator handed out on a GPU, else its resident
+    memory (a measure worker reports the GPU memory it reserved instead: measure_worker.py)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

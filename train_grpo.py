@@ -72,7 +72,6 @@ CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out ru
 """
 import json
 import random
-import resource
 import shutil
 import sys
 import time
@@ -374,12 +373,6 @@ def group_scores(forecasts, true_bin, kind, protocol="ours", weight=1.0):
         "crps": sum(bins.crps(p, true_bin) for p in probs)}
 
 
-def peak_memory_bytes(device):
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     """Run GRPO as configured by `args` (an Args); returns {"log": [...], "eval": {...}}.
 
@@ -518,7 +511,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # 7. log, checkpoint
         rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args)
         rec.update(grad_norm=grad_norm, step_time_s=round(time.perf_counter() - t0, 4),
-                   peak_memory_bytes=peak_memory_bytes(device), processes=acc.num_processes)
+                   peak_memory_bytes=lm.peak_memory_bytes(device), processes=acc.num_processes)
         records.append(rec)
         if acc.is_main_process:
             with open(out / "log.jsonl", "a") as f:
