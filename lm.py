@@ -30,6 +30,8 @@ all padding on the left is what makes this exact for sliding-window layers too (
 between prefix and suffix would sit inside the window and hide prefix tokens from it. For the same
 reason a prefix is computed into a cache without the model's config: every layer then keeps every
 prefix token (a sliding-window layer would keep only its last window; a shifted copy needs all).
+What remains is the new tokens' attention over the prefix, most of a forecast's cost on a CPU;
+prefix_attention runs it without the explicit mask that would slow it down (one row at a time).
 
 Tokens in, tokens out: nothing here knows about bins, kernels or rewards (forecaster.py and
 train_grpo.py do).
@@ -288,6 +290,7 @@ class LM:
             eos = eos if isinstance(eos, list) else [eos]
             self.stop_ids = sorted({e for e in eos + [tokenizer.eos_token_id] if e is not None})
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        use_prefix_attention(model)
 
     @property
     def harmony(self):
@@ -419,8 +422,9 @@ class LM:
         out = []
         for i in range(0, len(rows), batch_size):
             ids, mask, pos, cache, w = self.batch(rows[i:i + batch_size], prefixes[i:i + batch_size] if prefixes else None)
+            split = {"cached_prefix": w} if w and len(ids) == 1 else {}  # one row: no padding (prefix_attention)
             logits = self.model(input_ids=ids[:, w:], attention_mask=mask, position_ids=pos[:, w:],
-                                logits_to_keep=1, **cache).logits[:, -1, :]
+                                logits_to_keep=1, **cache, **split).logits[:, -1, :]
             out += torch.softmax(logits.float(), dim=-1)[:, token_ids.to(logits.device)].cpu().tolist()
         return out
 
@@ -484,6 +488,50 @@ def cache_columns(rows, prefix_lens):
     pads = [T - len(r) for r in rows]
     width = min(min(p + n for p, n in zip(pads, prefix_lens)), T - 1)
     return max(width, 0), pads
+
+
+# ---- attention after a cached prefix --------------------------------------------------------------
+
+PREFIX_SDPA = "sdpa_after_prefix"
+
+
+def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, cached_prefix=0,
+                     **kwargs):
+    """transformers' SDPA attention, split in two where a forward continues a cached prefix.
+
+    The new tokens' queries see every one of the `cached_prefix` keys, and themselves causally. As
+    one call that needs an explicit mask (queries and keys differ in number), and on a CPU the
+    masked kernel computes the whole rectangle of queries x keys, masked half included, slower
+    per pair than the causal kernel. Split, the prefix part needs no mask and the new part is
+    square, so the causal kernel skips what it masks; each part's log-sum-exp merges the two
+    exactly (the "cascade" of shared-prefix attention). The caller passes cached_prefix only for
+    rows without padding; anything else (padding, a GPU, gradients, sliding windows, sinks) is
+    plain SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    width = key.shape[2] - query.shape[2]
+    if (not cached_prefix or width != cached_prefix or query.shape[2] < 2 or query.device.type != "cpu"
+            or dropout or torch.is_grad_enabled() or kwargs.get("sliding_window") or "s_aux" in kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: a key head per `groups` queries
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # the kernel SDPA calls, with its log-sum-exp
+    old, old_lse = flash(query, key[:, :, :width], value[:, :, :width], 0.0, False, scale=scaling)[:2]
+    new, new_lse = flash(query, key[:, :, width:], value[:, :, width:], 0.0, True, scale=scaling)[:2]
+    lse = torch.logaddexp(old_lse, new_lse)
+    out = old * (old_lse - lse).exp()[..., None] + new * (new_lse - lse).exp()[..., None]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_prefix_attention(model):
+    """An SDPA model's attention becomes prefix_attention (the same numbers, faster after a prefix)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return
+    AttentionInterface.register(PREFIX_SDPA, prefix_attention)
+    AttentionMaskInterface.register(PREFIX_SDPA, sdpa_mask)  # its masks are SDPA's
+    model.set_attn_implementation(PREFIX_SDPA)
 
 
 # ---- training passes ------------------------------------------------------------------------------
