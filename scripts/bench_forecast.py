@@ -10,22 +10,28 @@ hand, side by side in one run:
          batched 8, no prefix reuse         --batch-size 8 --no-prefix-cache
          one at a time, prefix reuse        --batch-size 1   (the embedded model's default)
          batched 8, prefix reuse            --batch-size 8
-     and each setting's probabilities are compared with the first's;
+     and each setting's probabilities are compared with the first's. With --repeats N every setting
+     runs N times, the settings interleaved (a round runs each once, in a rotated order), and the
+     medians are reported: wall time, and the CPU seconds the process used (user + system), which
+     other jobs on a shared machine disturb far less. --passive-wait lets idle threads sleep
+     (OMP_WAIT_POLICY=PASSIVE) instead of spinning, so that CPU seconds count work only;
   2. measure.py times some of the same candidates (no cache): the cost of one measurement;
   3. with --grpo, train_grpo.py runs GRPO steps (embedded model, G = 4, votes) with and without
      --no-prefix-cache; the median step time after the first step is compared.
 A forecast's cost is wall time / 8 (model load included) and its compute alone (the CLI's
-forecast time / 8); every ratio is against the mean wall time of one measurement. The embedded
+forecast time / 8); every ratio is against the mean wall time of one measurement. The machine's
+load average is printed before and after: other jobs sharing it inflate and scatter wall times. The embedded
 model's converted copy (forecaster_backends.embedded_backend) is made before any timing. The rows' labels
 are placeholders: forecasts ignore them, and GRPO only uses them to score its samples. The rows
 name the paper's A100 as their hardware (a row is shown the hardware it names).
 
-    python scripts/bench_forecast.py [--measurements 2] [--grpo] [--json]
+    python scripts/bench_forecast.py [--repeats 3] [--batch-sizes 1,8] [--measurements 2] [--grpo] [--json]
 """
 import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,30 +76,42 @@ def write_rows(path, codes):
     return path
 
 
+def child_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_cli(argv, env):
-    t0 = time.perf_counter()
+    """(wall s, CPU s, stderr) of one command in a fresh process."""
+    t0, c0 = time.perf_counter(), child_cpu_s()
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, child_cpu_s() - c0
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(argv[:2])} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return wall, proc.stderr
+    return wall, cpu, proc.stderr
 
 
-def bench_forecasts(rows, folder, env):
+def bench_forecasts(rows, folder, env, settings, repeats):
+    """Every setting `repeats` times, interleaved; per setting the medians and each run's figures."""
+    runs = {name: [] for name, _ in settings}
+    for k in range(repeats):
+        for name, flags in settings[k % len(settings):] + settings[:k % len(settings)]:
+            pred = folder / f"pred{len(runs[name])}_{len(flags)}_{flags[1]}.jsonl"
+            pred.unlink(missing_ok=True)
+            wall, cpu, err = run_cli(["forecaster.py", "--eval", str(rows), "--out", str(pred), "--embedded",
+                                      "--readout", "logits", "--no-cache", *flags], env)
+            said = re.search(r"model load ([\d.]+) s, forecasts ([\d.]+) s", err)
+            preds = [p for _, p in read_jsonl(pred)]
+            runs[name].append(dict(wall_s=wall, cpu_s=cpu, load_s=float(said.group(1)),
+                                   forecast_s=float(said.group(2)), n=len(preds), probs=[p["probs"] for p in preds]))
+            print(f"  {name}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr, flush=True)
+    first = runs[settings[0][0]][0]["probs"]
     results = []
-    for name, flags in SETTINGS:
-        pred = folder / f"pred{len(results)}.jsonl"
-        wall, err = run_cli(["forecaster.py", "--eval", str(rows), "--out", str(pred), "--embedded",
-                             "--readout", "logits", "--no-cache", *flags], env)
-        said = re.search(r"model load ([\d.]+) s, forecasts ([\d.]+) s", err)
-        preds = [p for _, p in read_jsonl(pred)]
-        results.append(dict(setting=name, flags=" ".join(flags) or "(default)", n=len(preds), wall_s=wall,
-                            load_s=float(said.group(1)), forecast_s=float(said.group(2)),
-                            probs=[p["probs"] for p in preds]))
-        print(f"  {name}: {wall:.1f} s", file=sys.stderr, flush=True)
-    first = results[0]["probs"]
-    for r in results:
-        r["max_prob_diff"] = max(abs(a - b) for pa, pb in zip(first, r.pop("probs")) for a, b in zip(pa, pb))
+    for name, flags in settings:
+        rs = runs[name]
+        diff = max(abs(a - b) for r in rs for pa, pb in zip(first, r.pop("probs")) for a, b in zip(pa, pb))
+        med = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_s", "load_s", "forecast_s")}
+        results.append(dict(setting=name, flags=" ".join(flags), n=rs[0]["n"], runs=rs, max_prob_diff=diff, **med))
     return results
 
 
@@ -126,19 +144,29 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Cost of a forecast (with and without prefix reuse and "
                                              "batching) against the cost of a measurement, on this machine.")
     ap.add_argument("--measurements", type=int, default=2, help="candidates measured to time a measurement (default 2)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each forecast setting, interleaved; medians "
+                                                           "are reported (default 1)")
+    ap.add_argument("--batch-sizes", default="1,8", help="the settings' batch sizes: 1, 8 or 1,8 (default 1,8)")
+    ap.add_argument("--passive-wait", action="store_true", help="idle threads of the timed processes sleep "
+                    "(OMP_WAIT_POLICY=PASSIVE) instead of spinning: CPU seconds then count work only")
     ap.add_argument("--grpo", action="store_true", help="also time GRPO steps (embedded model, G = 4) with "
                                                         "and without prompt sharing")
     ap.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps per run, the first not counted (default 3)")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args(argv)
-    if args.measurements < 1 or args.grpo_steps < 2:
-        print("error: --measurements must be >= 1 and --grpo-steps >= 2 (the first step is a warm-up)",
-              file=sys.stderr)
+    sizes = args.batch_sizes.split(",")
+    if args.measurements < 1 or args.grpo_steps < 2 or args.repeats < 1 or not set(sizes) <= {"1", "8"}:
+        print("error: --measurements and --repeats must be >= 1, --grpo-steps >= 2 (the first step is a "
+              "warm-up), --batch-sizes 1, 8 or 1,8", file=sys.stderr)
         return 2
+    settings = [(name, flags) for name, flags in SETTINGS if flags[1] in sizes]
     import torch
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")  # the CPU stand-in for a GPU, as search.py uses it
+    if args.passive_wait:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         # the embedded model's converted copy is made once, before anything is timed (a first use
@@ -148,24 +176,34 @@ def main(argv=None):
         codes = candidates()
         rows = write_rows(folder / "rows.jsonl", codes)
         print(f"forecasting {len(codes)} {TASK} candidates per setting ...", file=sys.stderr)
-        forecasts = bench_forecasts(rows, folder, env)
+        forecasts = bench_forecasts(rows, folder, env, settings, args.repeats)
         print("measuring ...", file=sys.stderr)
         walls = bench_measurements(codes, args.measurements)
         grpo = bench_grpo(rows, folder, env, args.grpo_steps) if args.grpo else None
     m = statistics.mean(walls)
-    print(f"\nmachine: {machine()}   torch {torch.__version__}")
+    load_after = os.getloadavg()
+    print(f"\nmachine: {machine()}   torch {torch.__version__}   load average (1, 5, 15 min) before "
+          f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"
+          f"{'   idle threads sleep (OMP_WAIT_POLICY=PASSIVE)' if args.passive_wait else ''}")
     print(f"one measurement ({TASK}, measure.py, no cache): {m:.2f} s (mean of {len(walls)})")
-    print(f"{len(codes)} forecasts, embedded SmolLM2-135M, logits read-out, forecaster.py --eval in a fresh process:")
-    print(f"{'setting':<32} {'wall s':>7} {'load s':>7} {'per forecast s':>15} {'/ measurement':>14} "
-          f"{'compute only':>13} {'vs no reuse':>12} {'max |dp|':>9}")
-    base = next(r for r in forecasts if r["setting"] == "one at a time, no prefix reuse")
+    print(f"{len(codes)} forecasts, embedded SmolLM2-135M, logits read-out, forecaster.py --eval in a fresh process"
+          f" (medians of {args.repeats} interleaved runs):")
+    print(f"{'setting':<32} {'wall s':>7} {'CPU s':>7} {'load s':>7} {'per forecast s':>15} {'/ measurement':>14} "
+          f"{'compute only':>13} {'vs no reuse':>12} {'CPU vs':>7} {'max |dp|':>9}")
+    base = forecasts[0]
     for r in forecasts:
         per, compute = r["wall_s"] / r["n"], r["forecast_s"] / r["n"]
-        print(f"{r['setting']:<32} {r['wall_s']:>7.1f} {r['load_s']:>7.1f} {per:>15.2f} {per / m:>14.2f} "
-              f"{compute / m:>13.2f} {r['wall_s'] / base['wall_s']:>12.2f} {r['max_prob_diff']:>9.1e}")
+        print(f"{r['setting']:<32} {r['wall_s']:>7.1f} {r['cpu_s']:>7.1f} {r['load_s']:>7.1f} {per:>15.2f} "
+              f"{per / m:>14.2f} {compute / m:>13.2f} {r['wall_s'] / base['wall_s']:>12.2f} "
+              f"{r['cpu_s'] / base['cpu_s']:>7.2f} {r['max_prob_diff']:>9.1e}")
     print("per forecast = wall / n (model load included); compute only = forecast time / n, over one "
-          "measurement; vs no reuse = wall over the wall of the first setting (the embedded model's "
-          "default batch size without prefix reuse: --no-prefix-cache)")
+          f"measurement; vs no reuse, CPU vs = wall and CPU seconds over those of {base['setting']!r}")
+    reuse = next((r for r in forecasts if r["setting"] == "one at a time, prefix reuse"), None)
+    if reuse and base["setting"] == "one at a time, no prefix reuse":
+        ratio = reuse["wall_s"] / base["wall_s"]
+        print(f"target: 8 forecasts with prefix reuse (the default) take <= 0.6 of their wall time with "
+              f"--no-prefix-cache, probabilities within 0.02: {ratio:.2f} (CPU {reuse['cpu_s'] / base['cpu_s']:.2f}), "
+              f"max |dp| {reuse['max_prob_diff']:.1e}: {'met' if ratio <= 0.6 and reuse['max_prob_diff'] <= 0.02 else 'NOT met'}")
     if grpo:
         a, b = grpo["no prefix sharing"], grpo["prompt shared by its group"]
         print(f"GRPO step (embedded, votes, 1 prompt x G=4), median after the first: no sharing "
