@@ -31,7 +31,7 @@ between prefix and suffix would sit inside the window and hide prefix tokens fro
 reason a prefix is computed into a cache without the model's config: every layer then keeps every
 prefix token (a sliding-window layer would keep only its last window; a shifted copy needs all).
 What remains is the new tokens' attention over the prefix, most of a forecast's cost on a CPU;
-prefix_attention runs it without the explicit mask that would slow it down (one row at a time).
+prefix_attention.py runs it without the explicit mask that would slow it down (one row at a time).
 
 Tokens in, tokens out: nothing here knows about bins, kernels or rewards (forecaster.py and
 train_grpo.py do).
@@ -48,6 +48,7 @@ import torch
 
 import harmony
 from lm_memory import free_gpu_bytes, rows_that_fit
+from prefix_attention import use_prefix_attention
 from records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
@@ -422,7 +423,7 @@ class LM:
         out = []
         for i in range(0, len(rows), batch_size):
             ids, mask, pos, cache, w = self.batch(rows[i:i + batch_size], prefixes[i:i + batch_size] if prefixes else None)
-            split = {"cached_prefix": w} if w and len(ids) == 1 else {}  # one row: no padding (prefix_attention)
+            split = {"cached_prefix": w} if w and len(ids) == 1 else {}  # one row: no padding (prefix_attention.py)
             logits = self.model(input_ids=ids[:, w:], attention_mask=mask, position_ids=pos[:, w:],
                                 logits_to_keep=1, **cache, **split).logits[:, -1, :]
             out += torch.softmax(logits.float(), dim=-1)[:, token_ids.to(logits.device)].cpu().tolist()
@@ -488,50 +489,6 @@ def cache_columns(rows, prefix_lens):
     pads = [T - len(r) for r in rows]
     width = min(min(p + n for p, n in zip(pads, prefix_lens)), T - 1)
     return max(width, 0), pads
-
-
-# ---- attention after a cached prefix --------------------------------------------------------------
-
-PREFIX_SDPA = "sdpa_after_prefix"
-
-
-def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, cached_prefix=0,
-                     **kwargs):
-    """transformers' SDPA attention, split in two where a forward continues a cached prefix.
-
-    The new tokens' queries see every one of the `cached_prefix` keys, and themselves causally. As
-    one call that needs an explicit mask (queries and keys differ in number), and on a CPU the
-    masked kernel computes the whole rectangle of queries x keys, masked half included, slower
-    per pair than the causal kernel. Split, the prefix part needs no mask and the new part is
-    square, so the causal kernel skips what it masks; each part's log-sum-exp merges the two
-    exactly (the "cascade" of shared-prefix attention). The caller passes cached_prefix only for
-    rows without padding; anything else (padding, a GPU, gradients, sliding windows, sinks) is
-    plain SDPA."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    width = key.shape[2] - query.shape[2]
-    if (not cached_prefix or width != cached_prefix or query.shape[2] < 2 or query.device.type != "cpu"
-            or dropout or torch.is_grad_enabled() or kwargs.get("sliding_window") or "s_aux" in kwargs):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    groups = query.shape[1] // key.shape[1]  # grouped-query attention: a key head per `groups` queries
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # the kernel SDPA calls, with its log-sum-exp
-    old, old_lse = flash(query, key[:, :, :width], value[:, :, :width], 0.0, False, scale=scaling)[:2]
-    new, new_lse = flash(query, key[:, :, width:], value[:, :, width:], 0.0, True, scale=scaling)[:2]
-    lse = torch.logaddexp(old_lse, new_lse)
-    out = old * (old_lse - lse).exp()[..., None] + new * (new_lse - lse).exp()[..., None]
-    return out.transpose(1, 2).contiguous(), None
-
-
-def use_prefix_attention(model):
-    """An SDPA model's attention becomes prefix_attention (the same numbers, faster after a prefix)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return
-    AttentionInterface.register(PREFIX_SDPA, prefix_attention)
-    AttentionMaskInterface.register(PREFIX_SDPA, sdpa_mask)  # its masks are SDPA's
-    model.set_attn_implementation(PREFIX_SDPA)
 
 
 # ---- training passes ------------------------------------------------------------------------------
@@ -626,3 +583,11 @@ def peak_memory_bytes(device):
         return torch.cuda.max_memory_allocated(device)
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def sharing_pays(prompts, group_size, min_tokens):
+    """Whether the G samples of each prompt should share one forward of it (prompt_kv). Sharing
+    saves G - 1 forwards over the prompt, but runs one of its own per prompt and keeps micro-batches
+    within a group, so it pays on long prompts only: share when (G - 1) x the shortest prompt's
+    tokens reach `min_tokens`."""
+    return group_size > 1 and min((len(p) for p in prompts), default=0) * (group_size - 1) >= min_tokens

@@ -153,6 +153,8 @@ class Args:
                                            "share each prompt's forward too (a checkpointed layer drops caches)")
     no_prefix_cache: bool = flag(False, "run every sample's prompt forward separately (by default the G samples "
                                  "of a group share one, in generation and the log-prob passes); for comparison")
+    share_min_tokens: int = flag(1024, "the G samples share a prompt forward when (G - 1) x its tokens reach this "
+                                 "(lm.sharing_pays; 0: always); on short prompts sharing costs more than it saves")
     seed: int = flag(0, "seed of shuffle, split and sampling")
     holdout_task: str | None = flag(None, "evaluate on this task's rows, train on the others")
     eval_fraction: float = flag(0.0, "or evaluate on this fraction of the rows")
@@ -342,8 +344,10 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
     """Forecast the held-out rows, write OUT/predictions.jsonl (ARCHITECTURE.md's prediction rows,
     readable by `python metrics.py`) and OUT/eval_summary.json (metrics.report)."""
     n = args.eval_samples if args.eval_temperature > 0 else 1
-    samples = sample_groups(policy, [prompt_fn(r) for r in rows], n, temperature=args.eval_temperature,
-                            max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed)
+    prompts = [prompt_fn(r) for r in rows]
+    share = not args.no_prefix_cache and lm.sharing_pays(prompts, n, args.share_min_tokens)
+    samples = sample_groups(policy, prompts, n, temperature=args.eval_temperature, max_new_tokens=max_new,
+                            batch_size=args.gen_batch_size or None, allowed=allowed, share_prompt=share)
     name = lm.EMBEDDED_NAME if args.embedded else args.model
     preds = []
     for j, s in enumerate(samples):
@@ -420,9 +424,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     out.mkdir(parents=True, exist_ok=True)
     wrapped, optimizer = acc.prepare(model, optimizer)
     G, temperature, records = args.group_size, args.temperature, []
-    # one prompt forward serves all of a group's micro-batches (lm.prompt_kv), unless gradient
-    # checkpointing is on (a checkpointed layer drops the cache passed to it)
-    share = not args.no_prefix_cache and not checkpointing(model)
+    # one prompt forward serves a group's samples (lm.prompt_kv) where that pays, the same in every process
+    probe = [prompt_fn(r) for r in train_rows[:8]]
+    share_prompt = not args.no_prefix_cache and lm.sharing_pays(probe, G, args.share_min_tokens)
+    share = share_prompt and not checkpointing(model)  # the training pass too (a checkpointed layer drops caches)
     server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
     served = args.model  # the model the server samples from: the base, or the adapter it last loaded
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
@@ -440,7 +445,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             served = sync_server_adapter(acc, server, wrapped, out, step)
         samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
                                 max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
-                                share_prompt=not args.no_prefix_cache, server=server, served_model=served)
+                                share_prompt=share_prompt, server=server, served_model=served)
         # 2. parse each completion into a forecast; 3. reward it against the measured bin
         rewards, totals = [], {}
         for i, row in enumerate(rows):
@@ -452,9 +457,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # 4. group advantages; groups whose rewards are all equal carry no signal and are dropped
         advantages, keep = group_advantages(rewards, args.scale_std)
         kept = [dict(s, adv=float(advantages[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
-        # micro-batches never mix groups, so that one prompt forward serves each of them
+        # sharing, micro-batches never mix groups, so that one prompt forward serves each of them
         mb = args.micro_batch_size
-        micro_batches = [kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
+        micro_batches = ([kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
+                         if share else [kept[j:j + mb] for j in range(0, len(kept), mb)])
         n_tokens, micro_batches = balance_micro_batches(acc, micro_batches, filler=samples[0])
 
         # 5. log-probs of the sampled tokens under the policy that sampled them (and under the

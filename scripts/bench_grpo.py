@@ -2,7 +2,9 @@
 
 Always: a random tiny GPT-OSS (2 layers, hidden 64, 4 experts) on CPU (the GPU hidden from it, even
 on a GPU machine) with the votes answer format on a synthetic task (8 prompts x G = 8 samples per
-step, as the paper). With a CUDA GPU as well: the model given by --gpu-model (default
+step, as the paper), twice: as train_grpo.py decides (its prompts of a few tokens are far too short
+for a group to share its prompt's forward, lm.sharing_pays) and with sharing forced
+(--share-min-tokens 0), which shows what sharing costs on such prompts. With a CUDA GPU as well: the model given by --gpu-model (default
 openai/gpt-oss-20b, if its weights are on the machine) with the forecaster's real prompt on training
 rows from --gpu-data. Its default answer format is votes (K constrained bin digits after the real
 prompt): the prompt's thousands of tokens, the policy's log-probs and the backward pass are what a
@@ -55,7 +57,7 @@ def summarise(name, log):
             "parse_rate": statistics.mean(r["parse_rate"] for r in timed)}
 
 
-def bench_tiny(steps, folder):
+def bench_tiny(steps, folder, forced_sharing=False):
     import tiny_models
     from test_train_grpo import synthetic_rows
     data = synthetic_rows(folder / "rows.jsonl")
@@ -63,10 +65,12 @@ def bench_tiny(steps, folder):
     tok = tiny_models.tiny_tokenizer()
     args = cli.parse(train_grpo.Args, 
         ["--data", str(data), "--out", str(folder / "tiny"), "--answer-format", "votes",
-         "--steps", str(steps), "--lora-rank", "8", "--micro-batch-size", "64", "--save-every", "1000"])
+         "--steps", str(steps), "--lora-rank", "8", "--micro-batch-size", "64", "--save-every", "1000"]
+        + (["--share-min-tokens", "0"] if forced_sharing else []))
     result = train_grpo.train(args, prompt_fn=lambda r: tok.encode(f"speedup:{r['candidate_code']}"),
                               model=model, tokenizer=tok)
-    return summarise("tiny GPT-OSS, votes, 8x8", result["log"])
+    return summarise("tiny GPT-OSS, votes, 8x8" + (", prompt shared (forced)" if forced_sharing else ""),
+                     result["log"])
 
 
 def bench_gpu(args, folder):
@@ -92,7 +96,7 @@ def run_in_child(which, args):
     """One run in its own process: the tiny run never sees a GPU, and neither run inherits the
     other's peak memory or accelerate state."""
     env = dict(os.environ)
-    if which == "tiny":
+    if which.startswith("tiny"):
         env.update(CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
     argv = [sys.executable, __file__, "--one", which, "--steps", str(args.steps), "--gpu-model", args.gpu_model,
             "--gpu-max-new-tokens", str(args.gpu_max_new_tokens), "--gpu-answer-format", args.gpu_answer_format,
@@ -103,7 +107,7 @@ def run_in_child(which, args):
         return None
     row = json.loads(r.stdout.strip().splitlines()[-1])
     if row:
-        row["machine"] = "CPU: " + machine() if which == "tiny" else machine()
+        row["machine"] = "CPU: " + machine() if which.startswith("tiny") else machine()
     return row
 
 
@@ -120,17 +124,18 @@ def main(argv=None):
     ap.add_argument("--gpu-reasoning", choices=("low", "medium", "high"), default="low",
                     help="GPT-OSS reasoning effort of the GPU run (default low)")
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
-    ap.add_argument("--one", choices=("tiny", "gpu"), help=argparse.SUPPRESS)  # a child process's single run
+    ap.add_argument("--one", choices=("tiny", "tiny-shared", "gpu"), help=argparse.SUPPRESS)  # a child process's single run
     args = ap.parse_args(argv)
     if args.steps < 2:
         print("error: --steps must be >= 2 (the first step is a warm-up)", file=sys.stderr)
         return 2
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            row = bench_tiny(args.steps, Path(tmp)) if args.one == "tiny" else bench_gpu(args, Path(tmp))
+            row = (bench_gpu(args, Path(tmp)) if args.one == "gpu"
+                   else bench_tiny(args.steps, Path(tmp), forced_sharing=args.one == "tiny-shared"))
         print(json.dumps(row))
         return 0
-    rows = [run_in_child("tiny", args)]
+    rows = [run_in_child("tiny", args), run_in_child("tiny-shared", args)]
     if torch.cuda.is_available():
         rows.append(run_in_child("gpu", args))
     rows = [r for r in rows if r]

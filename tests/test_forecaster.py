@@ -338,13 +338,13 @@ def test_prefix_reuse_matches_full_prompts():
 
 
 def test_split_attention_after_a_prefix_is_sdpa():
-    """lm.prefix_attention: the new tokens' attention over a cached prefix, run as two unmasked
+    """prefix_attention.py: the new tokens' attention over a cached prefix, run as two unmasked
     parts merged by their log-sum-exps, equals SDPA with the explicit mask (grouped-query heads,
     prefixes longer and shorter than the new part); a Llama (SDPA) backend forecasting one row at a
     time over a cached prefix gets the full prompts' probabilities."""
     import types
     import torch
-    import lm
+    import prefix_attention
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from tiny_models import tiny_tokenizer
@@ -357,8 +357,8 @@ def test_split_attention_after_a_prefix_is_sdpa():
         with torch.no_grad():
             want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
             # without the mask: the split needs none, where plain SDPA would go wrong
-            got, _ = lm.prefix_attention(module, q, k, v, None, scaling=0.25, cached_prefix=width)
-            plain, _ = lm.prefix_attention(module, q, k, v, None, scaling=0.25)
+            got, _ = prefix_attention.prefix_attention(module, q, k, v, None, scaling=0.25, cached_prefix=width)
+            plain, _ = prefix_attention.prefix_attention(module, q, k, v, None, scaling=0.25)
         assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(plain, want, atol=1e-3)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -366,7 +366,7 @@ def test_split_attention_after_a_prefix_is_sdpa():
                                          eos_token_id=0, bos_token_id=None, initializer_range=0.5,  # answers that feel the attention
                                          attn_implementation="sdpa")).eval()
     backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny llama", batch_size=1)
-    assert model.config._attn_implementation == lm.PREFIX_SDPA
+    assert model.config._attn_implementation == prefix_attention.PREFIX_SDPA
     shared = [{"role": "system", "content": "| bin | name | speedup interval |\n" * 12}, {"role": "user", "content": "ref"}]
     prompts = [backend.answer_prompt(shared[:1] + [{"role": "user", "content": "ref" + tail}], "", ANSWER_PREFIX)
                for tail in (" fused", " a longer candidate kernel " * 8)]

@@ -37,6 +37,7 @@ import bins  # noqa: E402
 import cli  # noqa: E402
 import dataset  # noqa: E402
 import grpo_sampling  # noqa: E402
+import lm  # noqa: E402
 from dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
@@ -277,7 +278,6 @@ def test_shared_prompt_forward_gives_the_same_logprobs_gradient_and_samples():
     """One prompt forward serving a group (lm.prompt_kv) changes nothing but the cost: the
     same log-probs and adapter gradient as running each sample's whole sequence, with the prompt
     longer than the tiny GPT-OSS's sliding window (32) and samples one micro-batch each."""
-    import lm
     model, tok = tiny_policy()
     torch.manual_seed(0)
     model = lm.add_lora(model, rank=4, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -325,7 +325,10 @@ def test_training_with_and_without_prompt_sharing_agree(tmp_path):
     data = synthetic_rows(tmp_path / "rows.jsonl", n=20)
     common = ("--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--micro-batch-size", "3",
               "--save-every", "100")  # micro-batches of 3 and 1: a group's prompt serves two of them
-    shared, _ = run_synthetic(synthetic_args(data, tmp_path / "s", *common))
+    # the synthetic prompts are a few tokens, far below where sharing pays: it is forced here
+    assert not lm.sharing_pays([[0] * 9], 4, train_grpo.Args.share_min_tokens)
+    assert lm.sharing_pays([[0] * 3000, [0] * 400], 4, train_grpo.Args.share_min_tokens)
+    shared, _ = run_synthetic(synthetic_args(data, tmp_path / "s", "--share-min-tokens", "0", *common))
     plain, _ = run_synthetic(synthetic_args(data, tmp_path / "p", "--no-prefix-cache", *common))
     for a, b in zip(shared["log"], plain["log"]):
         assert (a["reward"], a["groups_kept"], a["tokens"]) == (b["reward"], b["groups_kept"], b["tokens"])
