@@ -66,15 +66,22 @@ class ModelNotFound(RuntimeError):
 
 # ---- loading --------------------------------------------------------------------------------------
 
-def weights_available(name_or_path):
-    """True if the model is a local folder or already in the Hugging Face cache."""
+def weights_folder(name_or_path):
+    """The folder holding a model's files: the local folder, or its Hugging Face cache snapshot;
+    None when neither is on this machine."""
     if Path(name_or_path).exists():
-        return True
+        return Path(name_or_path)
     try:
         from huggingface_hub import try_to_load_from_cache
-        return isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+        hit = try_to_load_from_cache(name_or_path, "config.json")
     except Exception:
-        return False
+        return None
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def weights_available(name_or_path):
+    """True if the model is a local folder or already in the Hugging Face cache."""
+    return weights_folder(name_or_path) is not None
 
 
 def model_not_found_message(name):

@@ -245,18 +245,9 @@ def worker_gpu_bytes(task):
 
 def weights_bytes(name_or_path):
     """The bytes of a model's weight files on disk (a local folder or the Hugging Face cache)."""
-    from pathlib import Path
-    folder = Path(name_or_path)
-    if not folder.exists():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-            hit = try_to_load_from_cache(name_or_path, "config.json")
-        except Exception:
-            hit = None
-        if not isinstance(hit, str):
-            return 0
-        folder = Path(hit).parent
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    from lm import weights_folder
+    folder = weights_folder(name_or_path)
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
 
 
 def place_local_llm(args, devices, say):
