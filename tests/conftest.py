@@ -67,3 +67,14 @@ def o200k(tmp_path_factory):
     that openai-harmony renders and parses GPT-OSS conversations offline."""
     from tiny_models import use_o200k
     return use_o200k(tmp_path_factory.mktemp("tiktoken"))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): one test process per available CPU core, at most 4 (each imports
+    torch and transformers: ~1 GB), and none besides the main one on a CUDA machine, where timing
+    tests must not share the GPU with each other. PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if HAS_CUDA:
+        return 0
+    return min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
