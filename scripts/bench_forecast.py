@@ -18,6 +18,8 @@ hand, side by side in one run:
   2. measure.py times some of the same candidates (no cache): the cost of one measurement;
   3. with --grpo, train_grpo.py runs GRPO steps (embedded model, G = 4, votes) with and without
      --no-prefix-cache; the median step time after the first step is compared.
+It also prints the arithmetic floor of prefix reuse for these prompts (flop_floor): the flops of
+the forwards with reuse over those without, below which no implementation of reuse can go.
 A forecast's cost is wall time / 8 (model load included) and its compute alone (the CLI's
 forecast time / 8); every ratio is against the mean wall time of one measurement. The machine's
 load average is printed before and after: other jobs sharing it inflate and scatter wall times. The embedded
@@ -45,6 +47,7 @@ from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.pa
 from records import read_jsonl  # noqa: E402
 
 TASK = "cross_entropy"
+HARDWARE = "NVIDIA A100-SXM4-80GB"  # the rows' hardware (see the docstring)
 SETTINGS = (("one at a time, no prefix reuse", ["--batch-size", "1", "--no-prefix-cache"]),
             ("batched 8, no prefix reuse", ["--batch-size", "8", "--no-prefix-cache"]),
             ("one at a time, prefix reuse", ["--batch-size", "1"]),
@@ -72,7 +75,7 @@ def write_rows(path, codes):
         for i, code in enumerate(codes):
             f.write(json.dumps(dict(row_id=f"b{i}", pack=TASK, anchor_code=seed_source(TASK), candidate_code=code,
                                     aggregated_speedup=labels[i % len(labels)], relative_bin=None,
-                                    hardware="NVIDIA A100-SXM4-80GB", pair_type="pair", source_id="bench")) + "\n")
+                                    hardware=HARDWARE, pair_type="pair", source_id="bench")) + "\n")
     return path
 
 
@@ -113,6 +116,33 @@ def bench_forecasts(rows, folder, env, settings, repeats):
         med = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_s", "load_s", "forecast_s")}
         results.append(dict(setting=name, flags=" ".join(flags), n=rs[0]["n"], runs=rs, max_prob_diff=diff, **med))
     return results
+
+
+def flop_floor(backend, codes):
+    """The least fraction of the forwards' arithmetic that prefix reuse can leave, for these
+    prompts: (floor, prompt token counts, shared prefix tokens). Both settings run every token of
+    a prompt through the same layers; reuse runs the shared prefix once instead of once per
+    candidate, and nothing else. A forward costs 2 x (the layers' matrix weights) flops per token
+    (the read-out's vocabulary projection is one position, negligible) and 4 x heads x head_dim x
+    layers per (query, key) pair of causal attention. No implementation of reuse can go below this
+    ratio of the compute; model load and start-up, the same in both settings, only raise it."""
+    from forecast_prompt import build_messages, hardware_profile, shared_messages
+    from forecaster import ANSWER_PREFIX
+    from tasks import seed_source
+    hw = hardware_profile(HARDWARE)  # what the rows name (write_rows), so what the CLI shows the model
+    rows = [backend.answer_prompt(build_messages(TASK, seed_source(TASK), c, hw), "", ANSWER_PREFIX) for c in codes]
+    shared = backend.answer_prompt(shared_messages(TASK, seed_source(TASK), hw), None, "")
+    p = len((backend._shared_prefixes(rows, shared) or [[]])[0])  # what the backend itself reuses
+    cfg = backend.model.config
+    per_token = 2 * sum(w.numel() for w in backend.model.model.layers.parameters() if w.dim() == 2)
+    per_pair = 4 * cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads) \
+        * cfg.num_hidden_layers
+
+    def forward(new, cached=0):  # flops of `new` tokens after `cached` ones
+        return per_token * new + per_pair * (new * cached + new * (new + 1) / 2)
+    no_reuse = sum(forward(len(r)) for r in rows)
+    reuse = forward(p) + sum(forward(len(r) - p, p) for r in rows)
+    return reuse / no_reuse, [len(r) for r in rows], p
 
 
 def bench_measurements(codes, n):
@@ -172,8 +202,10 @@ def main(argv=None):
         # the embedded model's converted copy is made once, before anything is timed (a first use
         # ever pays ~1 min for it; the forecast and measurement caches are off in every run)
         import forecaster_backends
-        forecaster_backends.embedded_backend()
+        backend = forecaster_backends.embedded_backend()
         codes = candidates()
+        floor, lengths, shared = flop_floor(backend, codes)
+        del backend
         rows = write_rows(folder / "rows.jsonl", codes)
         print(f"forecasting {len(codes)} {TASK} candidates per setting ...", file=sys.stderr)
         forecasts = bench_forecasts(rows, folder, env, settings, args.repeats)
@@ -199,6 +231,10 @@ def main(argv=None):
     print("per forecast = wall / n (model load included); compute only = forecast time / n, over one "
           f"measurement; vs no reuse, CPU vs = wall and CPU seconds over those of {base['setting']!r}")
     reuse = next((r for r in forecasts if r["setting"] == "one at a time, prefix reuse"), None)
+    print(f"prompts of {min(lengths)} to {max(lengths)} tokens ({sum(lengths)} in all), of which the first {shared} "
+          f"are shared: the arithmetic floor of prefix reuse (flops of the forwards, reuse / no reuse) is "
+          f"{floor:.2f}; with this run's start-up and model load ({base['wall_s'] - base['forecast_s']:.1f} s of "
+          f"{base['wall_s']:.1f} s) added to both, {1 - base['forecast_s'] / base['wall_s'] * (1 - floor):.2f}")
     if reuse and base["setting"] == "one at a time, no prefix reuse":
         ratio = reuse["wall_s"] / base["wall_s"]
         print(f"target: 8 forecasts with prefix reuse (the default) take <= 0.6 of their wall time with "
@@ -210,7 +246,8 @@ def main(argv=None):
               f"{a['step_s']:.1f} s, shared {b['step_s']:.1f} s, ratio {b['step_s'] / a['step_s']:.2f} "
               f"(groups kept per step: {a['groups_kept']} / {b['groups_kept']})")
     if args.json:
-        print(json.dumps({"machine": machine(), "measurement_s": walls, "forecasts": forecasts, "grpo": grpo}))
+        print(json.dumps({"machine": machine(), "measurement_s": walls, "forecasts": forecasts, "grpo": grpo,
+                          "prompt_tokens": lengths, "shared_prefix_tokens": shared, "flop_floor": floor}))
     return 0
 
 
