@@ -54,10 +54,8 @@ temperature 1.0, 8192 new tokens, no KL, eps 0.2. Unlike the original, rows are 
 The final adapter is OUT/adapter/; checkpoints (OUT/checkpoint-NNNNNN/) hold it in peft format
 (forecaster.py's TransformersBackend(adapter=...) loads it; for vLLM's --lora-modules, whose LoRA
 support may not cover GPT-OSS's MoE experts, train with --no-expert-lora), the optimiser state and
-the step.
-Instead of saving each process's RNG state, every step reseeds python, numpy and torch from
-(seed, step, process), and the rows of a step are a function of (seed, step): so the step *is* the
-RNG state and the data position, and --resume reproduces an uninterrupted run bit for bit on CPU.
+the step. --resume reproduces an uninterrupted run bit for bit on CPU (grpo_checkpoint.py: the
+step is the RNG state and the data position).
 Multi-GPU (accelerate launch) splits each step's prompts across processes; only the main process
 writes files and runs the final evaluation. The suite runs it with 2 CPU processes.
 
@@ -72,11 +70,9 @@ CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out ru
 """
 import json
 import random
-import shutil
 import sys
 import time
-import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,11 +86,12 @@ from cli import flag
 from dataset import load_predictions, load_rows, prediction_row
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware
+from grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from grpo_ddp import average_gradients, balance_micro_batches, my_share, step_record, sync_context
 from forecaster_backends import OpenAIServerBackend, ServerError
 from grpo_sampling import sample_groups, sync_server_adapter
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
-from records import read_jsonl, write_atomic
+from records import write_atomic
 
 REWARDS = ("correctness", "brier", "crps")
 
@@ -291,51 +288,6 @@ def grpo_loss(logp, old_logp, advantages, mask, n_tokens, clip_eps=0.2, ref_logp
         per_token = per_token + kl_coef * kl
         stats["kl"] = float((kl.detach() * mask).sum())
     return (per_token * mask).sum() / n_tokens, stats
-
-
-# ---- checkpoints ---------------------------------------------------------------------------------
-
-def seed_everything(seed, step, rank):
-    """Every step's randomness is a function of (seed, step, process): resuming needs only the step."""
-    s = int(np.random.SeedSequence([seed, step + 1, rank]).generate_state(1)[0])
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)  # also seeds every CUDA device
-
-
-def save_checkpoint(accelerator, model, optimizer, step, out, args):
-    """OUT/checkpoint-NNNNNN/: the adapter (peft format), optimiser state and the step. Written to
-    a temporary folder and renamed, so a crash never leaves half a checkpoint."""
-    if accelerator.is_main_process:
-        final, tmp = out / f"checkpoint-{step:06d}", out / f".tmp-checkpoint-{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        # embeddings are never trained; saying so also spares peft a Hub lookup of the base model
-        accelerator.unwrap_model(model).save_pretrained(tmp, save_embedding_layers=False)
-        torch.save({"optimizer": optimizer.state_dict(), "step": step, "args": asdict(args)},
-                   tmp / "trainer_state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-    accelerator.wait_for_everyone()
-
-
-def load_checkpoint(model, optimizer, out, args):
-    """Restore the latest checkpoint in OUT into model and optimiser; returns its step."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-    found = sorted(out.glob("checkpoint-*"))
-    if not found:
-        raise ValueError(f"--resume: no checkpoint in {out}; drop --resume to start a new run")
-    state = torch.load(found[-1] / "trainer_state.pt", map_location="cpu")
-    for key in ("seed", "reward", "group_size", "prompts_per_step", "answer_format", "lora_rank"):
-        if state["args"].get(key) != getattr(args, key):
-            warnings.warn(f"--resume: {key} was {state['args'].get(key)!r}, now {getattr(args, key)!r}")
-    set_peft_model_state_dict(model, load_file(found[-1] / "adapter_model.safetensors"))
-    optimizer.load_state_dict(state["optimizer"])
-    log = out / "log.jsonl"
-    if log.exists():  # drop records of steps after the checkpoint: they will be redone
-        keep = [r for _, r in read_jsonl(log, cut_torn_tail=True) if r["step"] <= state["step"]]
-        write_atomic(log, "".join(json.dumps(r) + "\n" for r in keep))
-    return state["step"]
 
 
 # ---- evaluation ----------------------------------------------------------------------------------
