@@ -388,23 +388,28 @@ class OpenAIServerBackend:
 
     # -- GRPO's samples: token ids in, token ids out --
     def sample_ids(self, prompts, *, n, max_new_tokens, temperature, stop_ids, allowed_ids=None, seed=None,
-                   model=None):
+                   model=None, logprobs=False):
         """n sampled completions of each prompt, given as token ids, through the completions
         endpoint: the server continues exactly these tokens (a chat request would be rendered by the
         server's own template, which need not match the policy's), so the trainer can score the
         completions under its own policy. Returns, per prompt, n lists of completion ids ending at
-        their stop token, as a local generate() returns them. vLLM's extensions used: return_token_ids
-        (the ids it sampled: re-tokenising its text could give other tokens than those it sampled),
-        stop_token_ids, stop_reason, allowed_token_ids (the votes format). Raises ServerError when a
-        request fails after the retries or the reply holds no token ids."""
+        their stop token, as a local generate() returns them; with `logprobs`, n (ids, logps) pairs,
+        logps the server's log-prob of each sampled id (the OpenAI field token_logprobs; None for a
+        stop token appended here). vLLM's extensions used: return_token_ids (the ids it sampled:
+        re-tokenising its text could give other tokens than those it sampled), stop_token_ids,
+        stop_reason, allowed_token_ids (the votes format). vLLM's log-probs are by default those of
+        the raw model, before temperature and allowed_token_ids; `vllm serve --logprobs-mode
+        processed_logprobs` returns those of the distribution it sampled from. Raises ServerError
+        when a request fails after the retries or the reply holds no token ids (or no log-probs)."""
         extra = {"stop_token_ids": list(stop_ids), "return_token_ids": True}
         if allowed_ids is not None:
             extra["allowed_token_ids"] = list(allowed_ids)
+        asked = {"logprobs": 1} if logprobs else {}  # the sampled token's comes with the top 1
 
         def one(ids):
             resp, err = self._call(endpoint="completions", model=model or self.model, prompt=list(ids),
                                    n=n, max_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                   extra_body=extra)
+                                   extra_body=extra, **asked)
             if err:
                 raise ServerError(err)
             out = []
@@ -413,9 +418,14 @@ class OpenAIServerBackend:
                     raise ServerError(f"{self.server} returned no token ids: GRPO needs a server with vLLM's "
                                       "return_token_ids")
                 got, stop = list(c.token_ids), getattr(c, "stop_reason", None)  # vLLM: the stop token that ended it
+                lps = getattr(getattr(c, "logprobs", None), "token_logprobs", None)
+                if logprobs and (lps is None or len(lps) < len(got)):
+                    raise ServerError(f"{self.server} returned no log-probs of its sampled tokens (logprobs."
+                                      "token_logprobs), which truncated importance sampling needs; --tis-cap 0 "
+                                      "trains without the correction")
                 if c.finish_reason == "stop" and stop in stop_ids and got[-1:] != [stop]:
                     got.append(stop)  # kept, as a local completion keeps it: the policy learns to stop
-                out.append(got)
+                out.append((got, (list(lps) + [None] * len(got))[:len(got)]) if logprobs else got)
             return out
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(one, prompts))

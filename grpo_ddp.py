@@ -46,14 +46,21 @@ def average_gradients(acc, params):
                 p.grad = acc.reduce(p.grad, "mean")
 
 
-def step_record(acc, step, totals, kept_groups, groups, n_tokens, loss, clipped, kl, args):
-    """The step's log line: sums over processes, then means."""
-    keys = ["n", "reward", "parsed", "correct", "brier", "crps", "kept", "groups", "loss", "clipped", "kl"]
-    vals = [totals[k] for k in keys[:6]] + [kept_groups, groups, loss, clipped, kl]
+def step_record(acc, step, totals, kept_groups, groups, n_tokens, loss, clipped, kl, args, tis=(0.0, 0.0)):
+    """The step's log line: sums over processes, then means. tis: (the importance weights' sum, the
+    capped tokens' count) over this process's completion tokens; logged with --server."""
+    keys = ["n", "reward", "parsed", "correct", "brier", "crps", "kept", "groups", "loss", "clipped", "kl",
+            "tis_weight", "tis_capped"]
+    vals = [totals[k] for k in keys[:6]] + [kept_groups, groups, loss, clipped, kl, *tis]
     s = dict(zip(keys, acc.reduce(torch.tensor(vals, dtype=torch.float64, device=acc.device), "sum").tolist()))
-    return {"step": step + 1, "reward": s["reward"] / s["n"], "parse_rate": s["parsed"] / s["n"],
-            "accuracy": s["correct"] / s["parsed"] if s["parsed"] else None,
-            "brier": s["brier"] / s["n"], "crps": s["crps"] / s["n"],
-            "groups_kept": int(s["kept"]), "groups": int(s["groups"]), "tokens": n_tokens,
-            "loss": s["loss"] / acc.num_processes, "clip_frac": s["clipped"] / max(n_tokens, 1),
-            "kl": s["kl"] / max(n_tokens, 1) if args.kl_coef > 0 else None}
+    rec = {"step": step + 1, "reward": s["reward"] / s["n"], "parse_rate": s["parsed"] / s["n"],
+           "accuracy": s["correct"] / s["parsed"] if s["parsed"] else None,
+           "brier": s["brier"] / s["n"], "crps": s["crps"] / s["n"],
+           "groups_kept": int(s["kept"]), "groups": int(s["groups"]), "tokens": n_tokens,
+           "loss": s["loss"] / acc.num_processes, "clip_frac": s["clipped"] / max(n_tokens, 1),
+           "kl": s["kl"] / max(n_tokens, 1) if args.kl_coef > 0 else None}
+    if args.server:  # the mean importance weight and the share of tokens whose weight the cap cut
+        on = args.tis_cap > 0 and n_tokens > 0
+        rec.update(tis_weight=s["tis_weight"] / n_tokens if on else None,
+                   tis_capped=s["tis_capped"] / n_tokens if on else None)
+    return rec

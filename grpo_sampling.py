@@ -9,34 +9,66 @@ Each step needs G completions of every prompt from the policy being trained:
   its adapter is reloaded (sync_server_adapter, every --server-sync-every steps) it samples from the
   base model, and the samples are off-policy by as many steps as the adapter has moved since
   (docs/GPU.md).
+
+The server's samples are therefore drawn from another distribution than the policy's, which the
+loss corrects with truncated importance sampling (as verl and OpenRLHF do for vLLM rollouts): the
+server also returns its log-prob of each sampled token, and each token's policy-gradient term is
+weighted by w_t = min(exp(logp_old_t - logp_server_t), C) (importance_weights), a constant of the
+step. The cap C bounds the variance a token the server found unlikely would bring. Both
+log-probs must be of the distribution sampled from: the policy's are tempered and restricted to
+the allowed tokens (lm.completion_logprobs), vLLM's by default raw (the same only at temperature 1
+without allowed tokens): serve with --logprobs-mode processed_logprobs (docs/GPU.md).
 """
+import math
 import time
 
 import torch
 
 
 def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
-                  share_prompt=True, server=None, served_model=None):
+                  share_prompt=True, server=None, served_model=None, sampler_logprobs=False):
     """G completions of each prompt (token ids) from the policy (an lm.LM), prompt-major:
-    [{prompt, completion, text, seconds}]. share_prompt: a prompt's forward runs once and its G
-    rows generate from its KV cache. server (forecaster_backends.OpenAIServerBackend): the G
-    completions are sampled there instead, by `served_model` (the adapter last loaded into it, or
-    the base model)."""
+    [{prompt, completion, text, seconds, sampler_logp}]. share_prompt: a prompt's forward runs once
+    and its G rows generate from its KV cache. server (forecaster_backends.OpenAIServerBackend):
+    the G completions are sampled there instead, by `served_model` (the adapter last loaded into it,
+    or the base model). sampler_logp: with server and sampler_logprobs, the server's log-prob of
+    each completion token (None for a token it gave none for); else None."""
     flat = [p for p in prompts for _ in range(G)]
     if server is not None:
         t0 = time.perf_counter()
         groups = server.sample_ids(prompts, n=G, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop_ids=policy.stop_ids, model=served_model, seed=int(torch.randint(2 ** 31, ())),
-                                   allowed_ids=None if allowed is None else allowed.nonzero().flatten().tolist())
+                                   allowed_ids=None if allowed is None else allowed.nonzero().flatten().tolist(),
+                                   logprobs=sampler_logprobs)
         seconds = (time.perf_counter() - t0) / max(1, len(flat))
-        done = [(ids, seconds) for group in groups for ids in group]
+        got = [s if sampler_logprobs else (s, None) for group in groups for s in group]  # (ids, log-probs)
+        done = [(ids, seconds, lp) for ids, lp in got]
     else:
         was_training = policy.model.training
         policy.model.eval()
         done = policy.generate(flat, max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
                                prefixes=[p[:-1] for p in flat] if share_prompt else None, allowed=allowed)
+        done = [(ids, s, None) for ids, s in done]
         policy.model.train(was_training)
-    return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s} for p, (c, s) in zip(flat, done)]
+    return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s, "sampler_logp": lp}
+            for p, (c, s, lp) in zip(flat, done)]
+
+
+def importance_weights(old_logp, sampler_logp, mask, cap):
+    """Truncated importance weights [B, T] of samples drawn on a server: min(exp(old_logp -
+    sampler_logp), cap), without gradient; 1 where mask is 0 or the server's log-prob is unknown
+    (NaN: a stop token appended locally). old_logp: the policy's log-probs at sampling time."""
+    log_ratio = old_logp.detach().float() - sampler_logp
+    known = (mask > 0) & ~torch.isnan(log_ratio)
+    return torch.where(known, log_ratio.clamp(max=math.log(cap)).exp(), 1.0)
+
+
+def sampler_logprobs_batch(samples, width, device):
+    """The samples' `sampler_logp` as [B, width], lm.collate's completion columns; NaN where unknown."""
+    out = torch.full((len(samples), width), float("nan"))
+    for i, s in enumerate(samples):
+        out[i, :len(s["completion"])] = torch.tensor([math.nan if x is None else x for x in s["sampler_logp"]])
+    return out.to(device)
 
 
 def sync_server_adapter(acc, server, model, out, step):

@@ -36,7 +36,8 @@ global (all micro-batches, all processes), so micro-batching and multi-GPU give 
 as one big batch. logp_old is recorded by a no-grad forward right after sampling, before any
 update, so --ppo-epochs > 1 (several optimiser steps on the same samples) is sound; with one epoch
 r == 1 and the clip never acts. The reference policy for the KL term is the base model, i.e. the
-policy with its adapter disabled.
+policy with its adapter disabled. Samples drawn on --server come from another policy: the surrogate
+(not the KL) of each token is weighted by min(exp(logp_old - logp_server), --tis-cap) (grpo_sampling.py).
 
 Two answer formats:
   json   (default, the paper's): the model writes the forecaster's JSON answer freely, parsed by
@@ -69,6 +70,7 @@ CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out ru
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
 import json
+import math
 import random
 import sys
 import time
@@ -89,7 +91,7 @@ from forecast_prompt import PROTOCOLS, answer_tools, build_messages, hardware_in
 from grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from grpo_ddp import average_gradients, balance_micro_batches, my_share, step_record, sync_context
 from forecaster_backends import OpenAIServerBackend, ServerError
-from grpo_sampling import sample_groups, sync_server_adapter
+from grpo_sampling import importance_weights, sample_groups, sampler_logprobs_batch, sync_server_adapter
 from lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 from records import write_atomic
 
@@ -145,6 +147,11 @@ class Args:
     server_sync_every: int = flag(0, "with --server: load the adapter into the server every N steps (vLLM "
                                   "runtime LoRA loading), so that it samples from the policy of at most N steps "
                                   "ago; 0: never, it samples from the base model (off-policy)")
+    tis_cap: float = flag(2.0, "with --server: truncated importance sampling, each token's policy-gradient term "
+                          "weighted by min(exp(logp_policy - logp_server), C); 0: off. The server's log-probs must "
+                          "be of the distribution it sampled from: vLLM's are raw (before temperature and "
+                          "allowed tokens) unless it serves with --logprobs-mode processed_logprobs, the same only "
+                          "at temperature 1 with the json format (docs/GPU.md)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm")
     no_gradient_checkpointing: bool = flag(False, "faster on a GPU, more memory; lets the training pass "
                                            "share each prompt's forward too (a checkpointed layer drops caches)")
@@ -270,17 +277,21 @@ def group_advantages(rewards, scale_std=False):
 
 
 def grpo_loss(logp, old_logp, advantages, mask, n_tokens, clip_eps=0.2, ref_logp=None,
-              kl_coef=0.0):
+              kl_coef=0.0, weights=None):
     """Clipped token-level policy-gradient loss (see the module docstring).
 
     logp, old_logp, ref_logp, mask: [B, T] (mask 1 on completion tokens); advantages: [B].
     n_tokens: the completion-token count of the whole step (all micro-batches and processes).
-    Returns (loss, stats) where loss = sum over this micro-batch's tokens / n_tokens.
+    weights: [B, T] constants multiplying each token's clipped surrogate, not its KL term (the
+    importance weights of samples drawn on a server). Returns (loss, stats) where loss = sum over
+    this micro-batch's tokens / n_tokens.
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.to(logp.dtype)[:, None]
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    if weights is not None:
+        per_token = per_token * weights.to(logp.dtype)
     stats = {"clipped": float(((ratio - 1).abs() > clip_eps).to(logp.dtype).mul(mask).sum())}
     if kl_coef > 0:
         d = ref_logp - logp
@@ -382,6 +393,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     share = share_prompt and not checkpointing(model)  # the training pass too (a checkpointed layer drops caches)
     server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
     served = args.model  # the model the server samples from: the base, or the adapter it last loaded
+    tis = server is not None and args.tis_cap > 0  # weight the server's samples by min(pi / pi_server, C)
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
                disable=not acc.is_main_process)
     for step in bar:
@@ -397,7 +409,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             served = sync_server_adapter(acc, server, wrapped, out, step)
         samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
                                 max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
-                                share_prompt=share_prompt, server=server, served_model=served)
+                                share_prompt=share_prompt, server=server, served_model=served, sampler_logprobs=tis)
         # 2. parse each completion into a forecast; 3. reward it against the measured bin
         rewards, totals = [], {}
         for i, row in enumerate(rows):
@@ -416,8 +428,9 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         n_tokens, micro_batches = balance_micro_batches(acc, micro_batches, filler=samples[0])
 
         # 5. log-probs of the sampled tokens under the policy that sampled them (and under the
-        #    reference policy, the base model with its adapter off, for the KL term), before any update
-        prepared, prompt_cache = [], {}
+        #    reference policy, the base model with its adapter off, for the KL term), before any update;
+        #    the importance weights of samples drawn on a server
+        prepared, prompt_cache, tis_sums = [], {}, [0.0, 0.0]
         with torch.no_grad():
             for batch_samples in micro_batches:
                 batch = collate(batch_samples, policy.pad_id, device)
@@ -435,15 +448,22 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
                 if args.kl_coef > 0:
                     with model.disable_adapter():
                         ref_logp = completion_logprobs(model, batch, temperature, allowed, prefix=ref_kv)
+                weights = None
+                if tis:
+                    server_logp = sampler_logprobs_batch(batch_samples, old_logp.shape[1], device)
+                    weights = importance_weights(old_logp, server_logp, batch[3], args.tis_cap)
+                    capped = (old_logp - server_logp > math.log(args.tis_cap)) & (batch[3] > 0)
+                    tis_sums[0] += float((weights * batch[3]).sum())
+                    tis_sums[1] += float(capped.sum())
                 adv = torch.tensor([s["adv"] for s in batch_samples], device=device)
-                prepared.append((batch, old_logp, ref_logp, adv, prompt))
+                prepared.append((batch, old_logp, ref_logp, adv, prompt, weights))
         del prompt_cache
 
         # 6. the token-level clipped loss, backward, optimiser step; --ppo-epochs steps on these samples
         loss_sum, clipped, kl, grad_norm = 0.0, 0.0, 0.0, None
         for _ in range(args.ppo_epochs if n_tokens > 0 else 0):
             prompt_grad = None  # (the group's prompt KV with its graph, its detached leaves)
-            for j, (batch, old_logp, ref_logp, adv, prompt) in enumerate(prepared):
+            for j, (batch, old_logp, ref_logp, adv, prompt, weights) in enumerate(prepared):
                 group_ends = j == len(prepared) - 1 or prepared[j + 1][4] != prompt
                 with sync_context(acc, wrapped, j == len(prepared) - 1, share):
                     if share and prompt_grad is None:
@@ -452,7 +472,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
                     logp = completion_logprobs(wrapped, batch, temperature, allowed,
                                                prefix=prompt_grad[1] if share else None)
                     loss, stats = grpo_loss(logp, old_logp, adv, batch[3], n_tokens / acc.num_processes,
-                                            args.clip_eps, ref_logp, args.kl_coef)
+                                            args.clip_eps, ref_logp, args.kl_coef, weights)
                     acc.backward(loss)
                     if share and group_ends:  # the group's last micro-batch: now through the prompt
                         backward_prompt(*prompt_grad)
@@ -467,7 +487,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             optimizer.zero_grad(set_to_none=True)
 
         # 7. log, checkpoint
-        rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args)
+        rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args,
+                          tis_sums)
         rec.update(grad_norm=grad_norm, step_time_s=round(time.perf_counter() - t0, 4),
                    peak_memory_bytes=lm.peak_memory_bytes(device), processes=acc.num_processes)
         records.append(rec)
@@ -502,6 +523,8 @@ def check_args(args):
             return f"--{name.replace('_', '-')} must be >= 0"
     if args.server_sync_every and not args.server:
         return "--server-sync-every needs --server"
+    if not (args.tis_cap == 0 or args.tis_cap >= 1):
+        return "--tis-cap must be 0 (no correction) or >= 1 (the cap of the importance weights; 2 is common)"
     if args.server and args.embedded:
         return "--server samples from the served model; drop --embedded (the embedded model is local)"
     if args.group_size < 2:

@@ -6,7 +6,7 @@
 It answers POST {url}/chat/completions, {url}/completions (token-id prompts, vLLM's extensions)
 and {url}/load_lora_adapter. Each request takes the next scripted reply; when the script is empty,
 `default(request)` answers (by default a forecast tool call, top_logprobs when the request asks for
-logprobs, two tokens per sample for a completions request). Every request body is recorded in
+logprobs, two tokens per sample for a completions request, with their log-probs when it asks). Every request body is recorded in
 `server.requests`, its path in `server.paths`. The server is
 bounded: it binds 127.0.0.1 on a free port, serves from one daemon thread, drops idle sockets after
 a few seconds, and stops on leaving the `with` block.
@@ -53,8 +53,16 @@ def logprobs(probs_by_token):
 
 def text_completion(samples):
     """A completions-endpoint reply (vLLM's extensions included): one choice per sample, each a
-    dict with token_ids, text, and optionally finish_reason ("stop") and stop_reason (a token id)."""
-    choices = [{"index": i, "text": s.get("text", ""), "token_ids": s.get("token_ids"), "logprobs": None,
+    dict with token_ids, text, and optionally finish_reason ("stop"), stop_reason (a token id) and
+    token_logprobs (the sampler's log-prob of each token, returned in the OpenAI logprobs object
+    that a request with logprobs=k gets; no tokens' text, no top_logprobs)."""
+    def logprob_object(s):
+        if s.get("token_logprobs") is None:
+            return None
+        n = len(s["token_logprobs"])
+        return {"tokens": [""] * n, "token_logprobs": list(s["token_logprobs"]), "top_logprobs": None,
+                "text_offset": list(range(n))}
+    choices = [{"index": i, "text": s.get("text", ""), "token_ids": s.get("token_ids"), "logprobs": logprob_object(s),
                 "finish_reason": s.get("finish_reason", "stop"), "stop_reason": s.get("stop_reason")}
                for i, s in enumerate(samples)]
     return 200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
@@ -73,7 +81,8 @@ def _completion(message, finish_reason):
 
 def default_reply(request):
     if "prompt" in request:  # the completions endpoint: n samples of a token-id prompt
-        return text_completion([{"token_ids": [1, 2], "text": "ab"}] * request.get("n", 1))
+        lps = [-0.5, -1.5] if request.get("logprobs") is not None else None
+        return text_completion([{"token_ids": [1, 2], "text": "ab", "token_logprobs": lps}] * request.get("n", 1))
     if request.get("logprobs"):
         return logprobs({"5": 0.4, "4": 0.3, "6": 0.2, " 5": 0.05})
     return tool_call()

@@ -356,8 +356,8 @@ def test_grpo_samples_on_a_server_and_scores_its_tokens_locally(tmp_path):
     def reply(request):
         if "lora_name" in request:
             return 200, "Success: LoRA adapter loaded"
-        return text_completion([{"token_ids": [digit_ids[b - 1]] * 4, "text": str(b) * 4, "finish_reason": "length"}
-                                for b in SERVED_VOTES[:request["n"]]])
+        return text_completion([{"token_ids": [digit_ids[b - 1]] * 4, "text": str(b) * 4, "finish_reason": "length",
+                                 "token_logprobs": [-2.0] * 4} for b in SERVED_VOTES[:request["n"]]])
     with FakeOpenAIServer(default=reply) as server:
         args = synthetic_args(data, tmp_path / "run", "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
                               "--save-every", "100", "--server", server.url, "--server-sync-every", "2")
@@ -374,6 +374,8 @@ def test_grpo_samples_on_a_server_and_scores_its_tokens_locally(tmp_path):
         assert sorted(r["prompt"] for r in sent) == sorted(tok.encode(f"speedup:{r['candidate_code']}") for r in rows)
         assert all(r["n"] == 4 and r["allowed_token_ids"] == sorted(digit_ids) and r["max_tokens"] == 4
                    for r in sent)
+        assert all(r["logprobs"] == 1 for r in sent)  # the sampled tokens' log-probs, for the importance weights
+        assert rec["tis_weight"] is not None and 0 < rec["tis_weight"] <= 2
         # each sample is a one-hot forecast: +Brier reward 2 on the true bin, else 0
         expected = [2.0 * (b == r["true_bin"]) for r in rows for b in SERVED_VOTES]
         assert rec["reward"] == pytest.approx(sum(expected) / len(expected))
@@ -409,6 +411,127 @@ def test_cli_server_flags(tmp_path, capsys):
     assert "needs --server" in capsys.readouterr().err
     assert train_grpo.main(["--data", str(rows), "--out", str(tmp_path / "o"), "--gen-batch-size", "-1"]) == 2
     assert ">= 0" in capsys.readouterr().err
+
+
+# ---- truncated importance sampling of the server's samples ---------------------------------------
+
+def test_importance_weights_are_capped_ratios_and_one_where_unknown():
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.0, -1.0, 0.0, 0.0]])
+    server = torch.tensor([[-1.0, -2.5, -3.0, math.nan], [-0.5, -4.0, -9.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    w = grpo_sampling.importance_weights(old, server, mask, cap=2.0)
+    # exp(old - server), capped at 2; 1 where the server's log-prob is unknown (NaN) or masked out
+    assert w.flatten().tolist() == pytest.approx([1.0, math.exp(0.5), 2.0, 1.0, math.exp(-0.5), 2.0, 1.0, 1.0])
+    assert not w.requires_grad
+    old.requires_grad_(True)
+    assert not grpo_sampling.importance_weights(old, server, mask, 2.0).requires_grad  # a constant of the step
+    # the samples' server log-probs in lm.collate's completion columns, NaN past a sample's end or unknown
+    samples = [{"completion": [5, 6, 7], "sampler_logp": [-1.0, None, -2.0]}, {"completion": [5], "sampler_logp": [-3.0]}]
+    got = grpo_sampling.sampler_logprobs_batch(samples, 3, "cpu")
+    assert torch.equal(got.isnan(), torch.tensor([[False, True, False], [False, True, True]]))
+    assert got[0, 0] == -1.0 and got[0, 2] == -2.0 and got[1, 0] == -3.0
+
+
+def test_importance_weights_scale_the_surrogate_gradient_not_the_kl():
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([1.0, -2.0])
+    w = torch.tensor([[1.5, 2.0, 1.0], [2.0, 0.5, 1.0]])
+
+    def grad(weights, ref=None, kl_coef=0.0):
+        new = old.clone().requires_grad_(True)  # one PPO epoch: ratio 1, the clip does not act
+        loss, _ = train_grpo.grpo_loss(new, old, adv, mask, 5, 0.2, ref, kl_coef, weights)
+        loss.backward()
+        return float(loss.detach()), new.grad
+    loss_1, g_1 = grad(None)
+    loss_w, g_w = grad(w)
+    assert torch.allclose(g_w, g_1 * w * mask)  # each token's policy gradient times its weight
+    assert loss_w == pytest.approx(-(w * mask * adv[:, None]).sum().item() / 5)
+    assert loss_1 == pytest.approx(-(mask * adv[:, None]).sum().item() / 5)
+    # weights of 1 are the uncorrected loss; the KL term is not weighted
+    assert torch.equal(grad(torch.ones_like(w))[1], g_1)
+    ref = old - 0.3
+    kl_only = grad(w, ref, 0.1)[1] - g_w
+    assert torch.allclose(kl_only, grad(None, ref, 0.1)[1] - g_1)
+    assert kl_only.abs().sum() > 0
+
+
+def test_server_log_probs_come_back_beside_the_sampled_ids():
+    from fake_openai_server import FakeOpenAIServer, text_completion
+    from forecaster_backends import OpenAIServerBackend, ServerError
+    replies = [text_completion([{"token_ids": [5, 6], "stop_reason": 99, "token_logprobs": [-0.1, -0.2]},
+                                {"token_ids": [5, 7, 8], "finish_reason": "length", "token_logprobs": [-1, -2, -3]}]),
+               text_completion([{"token_ids": [5, 6], "finish_reason": "length"}])]
+    with FakeOpenAIServer(replies=replies) as server:
+        backend = OpenAIServerBackend(server.url, backoff_s=0.01, retries=0)
+        kw = dict(n=2, max_new_tokens=8, temperature=1.0, stop_ids=[99], logprobs=True)
+        # the stop token appended here has no server log-prob
+        assert backend.sample_ids([[1, 2, 3]], **kw) == [[([5, 6, 99], [-0.1, -0.2, None]),
+                                                          ([5, 7, 8], [-1, -2, -3])]]
+        with pytest.raises(ServerError, match="no log-probs.*--tis-cap 0"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+        # sample_groups carries them per sample; without asking, none are asked for
+        policy = lm.LM(*tiny_policy())
+        got = grpo_sampling.sample_groups(policy, [[1, 2, 3]], 2, temperature=1.0, max_new_tokens=2, batch_size=None,
+                                          server=backend, sampler_logprobs=True)
+        assert [s["sampler_logp"] for s in got] == [[-0.5, -1.5]] * 2  # the fake's default
+        plain = grpo_sampling.sample_groups(policy, [[1, 2, 3]], 2, temperature=1.0, max_new_tokens=2, batch_size=None,
+                                            server=backend)
+        assert [s["sampler_logp"] for s in plain] == [None, None]
+    assert [r.get("logprobs") for r in server.requests] == [1, 1, 1, None]
+
+
+SERVED_BINS = [2, 4, 6, 3]  # one sample of a group votes for each word's bin: every group has one right
+
+
+def tis_run(tmp_path, name, offset, *extra):
+    """One step of GRPO on the synthetic task with its samples drawn on a fake vLLM whose log-probs
+    are the policy's own (computed by the same tiny model; its fresh adapter changes nothing yet)
+    plus `offset`, or none (offset None)."""
+    from fake_openai_server import FakeOpenAIServer, text_completion
+    data = synthetic_rows(tmp_path / "rows.jsonl", n=20)
+    tok = tiny_models.tiny_tokenizer()
+    digit_ids = [tok.convert_tokens_to_ids(d) for d in "12345678"]
+    sampler, _ = tiny_policy()
+    allowed = torch.zeros(sampler.config.vocab_size, dtype=torch.bool)
+    allowed[digit_ids] = True
+
+    def reply(request):
+        samples = [{"prompt": request["prompt"], "completion": [digit_ids[b - 1]] * 4} for b in SERVED_BINS]
+        with torch.no_grad():
+            logp = lm.completion_logprobs(sampler, lm.collate(samples, 0, "cpu"), 1.0, allowed)
+        return text_completion([{"token_ids": s["completion"], "finish_reason": "length",
+                                 "token_logprobs": None if offset is None else (logp[i] + offset).tolist()}
+                                for i, s in enumerate(samples)])
+    with FakeOpenAIServer(default=reply) as server:
+        args = synthetic_args(data, tmp_path / name, "--steps", "1", "--prompts-per-step", "2", "--group-size", "4",
+                              "--save-every", "100", "--server", server.url, *extra)
+        result, _ = run_synthetic(args)
+    return result["log"][0], server.requests
+
+
+def test_truncated_importance_sampling_of_server_samples(tmp_path):
+    # --tis-cap 0: the old behaviour, no log-probs asked for, none logged
+    off, requests = tis_run(tmp_path, "off", None, "--tis-cap", "0")
+    assert all("logprobs" not in r for r in requests)
+    assert off["tis_weight"] is None and off["tis_capped"] is None
+    assert off["groups_kept"] == 2 and off["tokens"] == 32 and off["grad_norm"] > 0
+    # a server whose log-probs are the policy's: weights 1, the uncorrected loss and gradient
+    same, requests = tis_run(tmp_path, "same", 0.0)
+    assert all(r["logprobs"] == 1 for r in requests)
+    assert same["tis_weight"] == pytest.approx(1.0, abs=1e-5) and same["tis_capped"] == 0
+    assert same["loss"] == pytest.approx(off["loss"], abs=1e-6)
+    assert same["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-5)
+    # a sampler less likely to pick these tokens: every weight 1.5, and the gradient 1.5 times as large
+    lower, _ = tis_run(tmp_path, "lower", -math.log(1.5))
+    assert lower["tis_weight"] == pytest.approx(1.5, rel=1e-5) and lower["tis_capped"] == 0
+    assert lower["grad_norm"] == pytest.approx(1.5 * off["grad_norm"], rel=1e-4)
+    # far less likely: exp(1) is cut to the cap, every token counted as capped
+    capped, _ = tis_run(tmp_path, "capped", -1.0)
+    assert capped["tis_weight"] == pytest.approx(2.0) and capped["tis_capped"] == 1.0
+    assert capped["grad_norm"] == pytest.approx(2.0 * off["grad_norm"], rel=1e-4)
+    capped3, _ = tis_run(tmp_path, "cap3", -1.0, "--tis-cap", "3")
+    assert capped3["tis_weight"] == pytest.approx(math.e, rel=1e-5) and capped3["tis_capped"] == 0
 
 
 # ---- the command line ---------------------------------------------------------------------------
@@ -456,6 +579,7 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
                 "step_time_s", "peak_memory_bytes"):
         assert key in log[0]
     assert log[0]["parse_rate"] == 1.0 and log[0]["peak_memory_bytes"] > 0
+    assert "tis_weight" not in log[0]  # sampled locally: on-policy, nothing to correct
     assert (out / "checkpoint-000002" / "adapter_model.safetensors").exists()
     preds = load_predictions(out / "predictions.jsonl")  # dataset.py's reader
     assert len(preds) == 2 and {p["readout"] for p in preds} == {"votes"}
@@ -475,6 +599,35 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
                             "--group-size", "2", "--max-new-tokens", "4"]) == 0
     rec = json.loads((out_json / "log.jsonl").read_text())
     assert rec["parse_rate"] == 0.0 and rec["groups_kept"] == 0 and rec["reward"] == 0.0
+
+
+def test_cli_with_a_server_logs_the_importance_weights(tmp_path, tiny_model_dir, capsys):
+    from fake_openai_server import FakeOpenAIServer, text_completion
+    tok = tiny_models.tiny_tokenizer()
+    digit_ids = [tok.convert_tokens_to_ids(d) for d in "12345678"]
+    given = {"logprobs": [-1.5] * 4}
+
+    def reply(request):  # each group: one sample votes 4 times for each of the rows' bins 2, 4, 6, and for 3
+        return text_completion([{"token_ids": [digit_ids[b - 1]] * 4, "finish_reason": "length",
+                                 "token_logprobs": given["logprobs"]} for b in SERVED_BINS])
+    data = kernel_rows(tmp_path / "rows.jsonl")
+    base = ["--data", str(data), "--model", str(tiny_model_dir), "--answer-format", "votes", "--steps", "1",
+            "--prompts-per-step", "1", "--group-size", "4", "--save-every", "100"]
+    assert train_grpo.main(base + ["--out", str(tmp_path / "x"), "--tis-cap", "0.5"]) == 2
+    assert "--tis-cap must be 0" in capsys.readouterr().err
+    with FakeOpenAIServer(default=reply) as server:
+        assert train_grpo.main(base + ["--out", str(tmp_path / "tis"), "--server", server.url]) == 0
+        rec = json.loads((tmp_path / "tis" / "log.jsonl").read_text())
+        # the random policy spreads over 8 digits (log-prob about -2.1): weights exp(-2.1 + 1.5) < 1
+        assert rec["groups_kept"] == 1 and 0.2 < rec["tis_weight"] < 1 and rec["tis_capped"] == 0
+        given["logprobs"] = None  # a server that returns no log-probs: one line naming the fix
+        capsys.readouterr()
+        assert train_grpo.main(base + ["--out", str(tmp_path / "none"), "--server", server.url]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after the start-up's progress lines
+        assert err.startswith("error: ") and "no log-probs" in err and "--tis-cap 0" in err
+        assert train_grpo.main(base + ["--out", str(tmp_path / "off"), "--server", server.url, "--tis-cap", "0"]) == 0
+        rec = json.loads((tmp_path / "off" / "log.jsonl").read_text())
+        assert rec["tis_weight"] is None and rec["groups_kept"] == 1
 
 
 @pytest.mark.slow
