@@ -1,0 +1,228 @@
+"""Tests of forecaster_backends.py: a local transformers model, the embedded SmolLM2, an OpenAI-compatible server."""
+import json
+import socket
+import time
+
+import pytest
+
+import bins
+import forecaster as F
+from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs
+from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
+from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
+from forecaster_backends import OpenAIServerBackend, TransformersBackend, embedded_backend
+from test_forecast_answer import TOOL, args
+from test_forecast_prompt import A100, CAND, REF
+from tiny_models import HARMONY_VOCAB, load_smollm2, tiny_gpt_oss
+
+
+# ---- a tiny random GPT-OSS, end to end -----------------------------------------------------------
+
+@pytest.mark.slow
+def test_tiny_gpt_oss_end_to_end_both_readouts(o200k):
+    import torch
+    model = tiny_gpt_oss(vocab_size=HARMONY_VOCAB)
+    backend = TransformersBackend(model=model, tokenizer=None, name="tiny-gpt-oss", batch_size=4)
+    assert backend.harmony and sorted(backend.stop_ids) == [200002, 200012]
+    short, long = CAND, CAND + "\n# padding\n" * 40
+    n_short = len(backend.render(build_messages("cross_entropy", REF, short, A100), [FORECAST_TOOL]))
+    backend.context_length = n_short + 60  # the long candidate no longer fits: that row fails alone
+
+    fc = F.Forecaster(backend, cache_dir=None, max_new_tokens=4, temperature=1.0, seed=1, hardware=A100)
+    ok, too_long = fc.forecast_many("cross_entropy", REF, [short, long])
+    assert too_long.parse_failed and too_long.parse_error.startswith("prompt too long:")
+    assert f"> context {n_short + 60}" in too_long.parse_error
+    assert ok.tokens_in == n_short and 1 <= ok.tokens_out <= 4 and ok.model == "tiny-gpt-oss"
+    assert ok.parse_failed and ok.parse_error  # a random model writes no forecast: a reason, not a crash
+
+    backend.context_length = 1 << 20
+    logit = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100)
+    batched = logit.forecast_many("cross_entropy", REF, [short, long])
+    for f in batched:
+        assert not f.parse_failed and f.readout == "logits" and sum(f.probs) == pytest.approx(1.0)
+        assert 0 < f.raw_sum <= 1 and f.predicted_bin == bins.predicted_bin(f.probs)
+    # the read-out is the model's own next-token distribution over the digits, and the left
+    # padding of the batch (the short row) changes nothing: compare with an unpadded forward
+    prompt = backend.answer_prompt(build_messages("cross_entropy", REF, short, A100), "", ANSWER_PREFIX,
+                                   [FORECAST_TOOL])
+    assert backend.decode(prompt).endswith(f"to={TOOL}<|channel|>commentary <|constrain|>json<|message|>"
+                                           + ANSWER_PREFIX)
+    assert batched[0].tokens_in == len(prompt)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    p = torch.softmax(logits.float(), -1)[backend.candidate_ids(DIGITS)]
+    assert batched[0].probs == pytest.approx((p / p.sum()).tolist(), abs=1e-4)
+    assert batched[0].raw_sum == pytest.approx(float(p.sum()), rel=1e-3)
+
+
+def _counting(model):
+    """Record how many tokens each forward runs through the model."""
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    return seen
+
+
+def test_prefix_reuse_matches_full_prompts():
+    """The shared prefix's KV cache, shifted under each row's left padding, gives the same next-token
+    probabilities and the same greedy generations as running every full prompt, on a model with
+    sliding-window layers (window 32, far shorter than the prefix) and rows of different lengths."""
+    from tiny_models import tiny_tokenizer
+    model = tiny_gpt_oss(vocab_size=512)
+    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny", batch_size=3)
+    system = {"role": "system", "content": "| bin | name | speedup interval |\n" * 12}
+    shared = [system, {"role": "user", "content": "def custom_kernel(data):\n    return torch.matmul(x, y)\n"}]
+    convs = [[system, {"role": "user", "content": shared[1]["content"] + tail}]
+             for tail in ("fused", "The candidate kernel fuses the softmax.", "x" * 45)]
+    prompts = [backend.answer_prompt(c, "", ANSWER_PREFIX) for c in convs]
+    cut = backend.answer_prompt(shared, None, "")
+    seen = _counting(model)
+    full = backend.next_token_probs(prompts, DIGITS)
+    assert min(len(p) for p in prompts) > 100 and seen == [max(len(p) for p in prompts)]
+    reused = backend.next_token_probs(prompts, DIGITS, shared=cut)
+    assert backend.prefix_stats["computed"] == 1 and seen[-1] < seen[0] - 80  # the prefix was not rerun
+    for a, b in zip(full, reused):
+        assert a == pytest.approx(b, abs=1e-5)
+    again = backend.next_token_probs(prompts[1:], DIGITS, shared=cut)
+    assert backend.prefix_stats == {"computed": 1, "reused": 1, "prefix_tokens": backend.prefix_stats["prefix_tokens"]}
+    assert again[0] == pytest.approx(full[1], abs=1e-5)
+    # generation continues from the cached prefix: the same greedy tokens
+    plain = backend.generate(convs, max_new_tokens=6, temperature=0, seed=0)
+    cached = backend.generate(convs, max_new_tokens=6, temperature=0, seed=0, shared=shared)
+    assert [c.completion_ids for c in plain] == [c.completion_ids for c in cached]
+    assert [c.tokens_in for c in plain] == [c.tokens_in for c in cached]
+    # a prefix the rows do not start with is not used: nothing is reused that would be wrong
+    wrong = backend.answer_prompt([system, {"role": "user", "content": "another task"}], None, "")
+    before = dict(backend.prefix_stats)
+    backend.next_token_probs(prompts[:1], DIGITS, shared=wrong)
+    assert backend.prefix_stats["computed"] == before["computed"] + 1  # only the common part, a new key
+    assert backend.prefix_stats["prefix_tokens"] - before["prefix_tokens"] < len(cut) - 20
+
+
+# ---- an OpenAI-compatible server (loopback fake) -------------------------------------------------
+
+def server_backend(url, **kw):
+    return OpenAIServerBackend(url, model="openai/gpt-oss-20b", backoff_s=0.01, timeout_s=10, **kw)
+
+
+def test_server_forecast_end_to_end():
+    with FakeOpenAIServer() as server:
+        fc = F.Forecaster(server_backend(server.url, reasoning_effort="low"), cache_dir=None, hardware=A100)
+        fs = fc.forecast_many("cross_entropy", REF, [CAND, CAND + "# v2\n"])
+        fc.forecast_many("cross_entropy", REF, [CAND + "# v3\n", CAND + "# v4\n"])
+    # the shared prefix goes first, alone and once (the server's prefix cache then holds it)
+    assert len(server.requests) == 5
+    warm, rows = server.requests[0], server.requests[1:]
+    assert warm["max_tokens"] == 1 and warm["messages"] == shared_messages("cross_entropy", REF, A100)
+    for f in fs:
+        assert not f.parse_failed and f.predicted_bin == 5 and f.probs[4] == pytest.approx(0.5)
+        assert (f.tokens_in, f.tokens_out, f.model) == (100, 20, "openai/gpt-oss-20b")
+    for req in [warm] + rows:  # the same tools and system text, so the same prompt prefix
+        assert req["tools"] == [FORECAST_TOOL] and req["tool_choice"] == "auto"
+        assert req["reasoning_effort"] == "low" and req["messages"][0]["role"] == "system"
+    for req in rows:
+        assert req["messages"][1]["content"].startswith(warm["messages"][1]["content"])
+        assert req["max_tokens"] == 4096
+
+
+def test_server_final_content_answer_is_parsed():
+    with FakeOpenAIServer(replies=[final_text("```json\n" + json.dumps(args(stated=4)) + "\n```", reasoning="hm")]) as server:
+        c = server_backend(server.url).generate([[{"role": "user", "content": "x"}]], max_new_tokens=9,
+                                                temperature=1.0, seed=0)[0]
+    import harmony
+    assert [m.channel for m in harmony.messages(c.text)] == ["analysis", "final"]
+    f = parse_completion(c)
+    assert not f.parse_failed and f.stated_bin == 4 and reasoning_of(c) == "hm"
+
+
+def test_server_retries_then_succeeds():
+    with FakeOpenAIServer(replies=[error(500), error(503)]) as server:
+        f = F.Forecaster(server_backend(server.url, retries=3), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert len(server.requests) == 3 and not f.parse_failed
+
+
+def test_server_errors_become_parse_failures():
+    with FakeOpenAIServer(default=lambda r: error(500)) as server:
+        f = F.Forecaster(server_backend(server.url, retries=1), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert len(server.requests) == 2 and f.parse_failed and "server error after 2 tries" in f.parse_error
+    with FakeOpenAIServer(replies=[error(400, "maximum context length is 131072 tokens")]) as server:
+        f = F.Forecaster(server_backend(server.url), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert len(server.requests) == 1 and "refused the request (400)" in f.parse_error
+    assert "maximum context length" in f.parse_error
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
+        .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert f.parse_failed and "APIConnectionError" in f.parse_error
+
+
+def test_server_replicas_share_the_rows_least_loaded_first_and_a_retry_goes_to_another():
+    def slow_rows(request):  # rows take a while, so all of a batch's are in flight at once
+        if request.get("max_tokens") != 1:
+            time.sleep(0.5)
+        return default_reply(request)
+
+    with FakeOpenAIServer(default=slow_rows) as a, FakeOpenAIServer(default=slow_rows) as b:
+        fs = F.Forecaster(server_backend(f"{a.url},{b.url}"), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND + f"# v{i}\n" for i in range(8)])
+    assert not any(f.parse_failed for f in fs)
+    for server in (a, b):  # each replica computed the shared prefix (its own cache), then took half the rows
+        assert server.requests[0]["max_tokens"] == 1 and len(server.requests) == 1 + 4
+    with FakeOpenAIServer(default=lambda r: error(503)) as down, FakeOpenAIServer() as up:
+        f = F.Forecaster(server_backend(f"{down.url},{up.url}", retries=1), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert not f.parse_failed and (len(down.requests), len(up.requests)) == (1, 1)
+
+
+def test_server_logits_readout():
+    with FakeOpenAIServer(replies=[logprobs({"5": 0.4, "4": 0.3, " 5": 0.1, "x": 0.1})]) as server:
+        f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    req = server.requests[0]
+    assert req["logprobs"] is True and req["max_tokens"] == 1 and req["continue_final_message"] is True
+    assert req["messages"][-1] == {"role": "assistant", "content": ANSWER_PREFIX}
+    assert f.raw_sum == pytest.approx(0.8) and f.probs[4] == pytest.approx(0.5 / 0.8) and f.predicted_bin == 5
+    with FakeOpenAIServer(replies=[final_text("5")]) as server:  # a server without logprobs
+        f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert f.parse_failed and "unsupported" in f.parse_error
+
+
+# ---- the real SmolLM2 (the embedded model) -------------------------------------------------------
+
+@pytest.mark.slow
+def test_embedded_smollm2_logits_forecast(capsys):
+    model, tok = load_smollm2()  # shared with other tests in the session; embedded_backend() loads the same
+    backend = embedded_backend(model=model, tokenizer=tok)
+    assert "NOT meaningful" in capsys.readouterr().err
+    fc = F.Forecaster(backend, cache_dir=None, hardware=A100)
+    assert fc.readout == "logits"
+    f = fc.forecast_many("cross_entropy", REF, [CAND])[0]
+    assert not f.parse_failed and sum(f.probs) == pytest.approx(1.0) and 0 < f.raw_sum <= 1
+    assert f.tokens_in > 500 and f.stated_bin is None
+    assert backend.decode(backend.answer_prompt(build_messages("cross_entropy", REF, CAND, A100), "",
+                                                ANSWER_PREFIX)).endswith("assistant\n" + ANSWER_PREFIX)
+
+
+# ---- the chat-template path (any non-harmony model), with the tiny tokenizer ---------------------
+
+def test_template_backend_batches_like_single_rows():
+    from tiny_models import tiny_tokenizer
+    backend = TransformersBackend(model=tiny_gpt_oss(vocab_size=512), tokenizer=tiny_tokenizer(), name="tiny",
+                                    batch_size=2)
+    assert backend.chat_format == "template"
+    convs = [[{"role": "user", "content": "Which kernel is faster?"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Fused or not fused, which wins?"}]]
+    both = backend.generate(convs, max_new_tokens=5, temperature=0, seed=0)
+    alone = backend.generate(convs[:1], max_new_tokens=5, temperature=0, seed=0)
+    assert both[0].completion_ids == alone[0].completion_ids  # left padding changes nothing
+    assert both[1].tokens_in == len(backend.encode(backend._template(convs[1], None)))
+    assert backend.tokenizer.decode(both[1].prompt_ids).endswith("<|user|>\nFused or not fused, which wins?<|end|>\n<|assistant|>\n")
+    prompts = [backend.answer_prompt(c, "", ANSWER_PREFIX) for c in convs]
+    rows = backend.next_token_probs(prompts, DIGITS)
+    single = backend.next_token_probs(prompts[1:], DIGITS)
+    assert all(len(r) == 8 and 0 < sum(r) <= 1 for r in rows)
+    assert rows[1] == pytest.approx(single[0], abs=1e-5)
