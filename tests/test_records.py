@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from records import EventLog, RecordError, cache_dir, read_jsonl, write_atomic
+from test_search import run
 
 
 def test_cache_dir_honours_the_environment(monkeypatch, tmp_path):
@@ -85,3 +86,13 @@ def test_event_log_answers_a_rerun_from_its_results(tmp_path):
     again.close()
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert kinds == ["request", "measurement", "step"]
+
+
+def test_corrupt_middle_line_is_refused(tmp_path):
+    run(tmp_path, budget=2)
+    log = tmp_path / "run" / "events.jsonl"
+    lines = log.read_text().splitlines()
+    lines[1] = lines[1][:10]
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordError, match="events.jsonl:2: not valid JSON"):
+        EventLog(log)

@@ -1,0 +1,79 @@
+"""Tests of search_setup.py: the LLM's device, waiting and memory beside the measure workers."""
+import search
+
+
+def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
+    import torch
+
+    import forecaster_backends
+    import measure_sandbox
+    import search_setup
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(measure_sandbox, "require_sandbox", lambda: None)
+    monkeypatch.setattr(forecaster_backends, "pick_local_model", lambda name: "a-local-model")
+    monkeypatch.setattr(search_setup, "hardware_info", lambda *a: {"name": "a GPU"})
+    base = ["--task", "cross_entropy", "--gate", "topk", "--no-memory-check"]
+    for gpus, flags, devices, waits in [
+            (3, [], ["cuda:0", "cuda:1"], False),  # the LLM on the last GPU, alone
+            (3, ["--llm-device", "cuda:1", "--devices", "1,2"], ["cuda:1", "cuda:2"], True),
+            (3, ["--server", "http://localhost:8000/v1"], ["cuda:0", "cuda:1", "cuda:2"], False),
+            (1, [], ["cuda:0"], True)]:  # one GPU for both
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        env = search_setup.setup(search.parse_args(base + flags), say=lambda *a: None)
+        env.pool.close()
+        assert (env.pool.names, env.llm_waits) == (devices, waits), flags
+
+
+# ---- the GPU's memory: one GPU, two tenants (checked with made-up memory figures) ----------------
+
+def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
+    import search_setup
+    gib = 2 ** 30
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model-00001.safetensors", "wb") as f:  # a sparse 13 GiB checkpoint (GPT-OSS-20B's MXFP4 size)
+        f.truncate(13 * gib)
+    assert search_setup.weights_bytes(str(model)) == 13 * gib
+    workers = 2 * search_setup.worker_gpu_bytes("cross_entropy")
+    assert 10 * gib < workers < 60 * gib  # a reference and a candidate, each a block of B x V logits
+    busy = lambda device: (60 * gib, 80 * gib)  # noqa: E731 - an 80 GB card with 20 GiB taken
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
+    # With an adapter the experts are dequantised to bf16 (~3x): no longer fits beside the workers.
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, True, mem_get_info=busy)
+    assert msg and "--llm-device cuda:N" in msg and "--server" in msg and len(msg.splitlines()) == 1
+    # The LLM on another GPU: the measurement GPU holds only the workers.
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], "cuda:1", True, mem_get_info=busy) is None
+    # Measuring on cuda:0 and cuda:1 while the LLM sits on cuda:1: cuda:1 is the one that is short.
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], "cuda:1", True,
+                                          devices=["cuda:0", "cuda:1"], mem_get_info=busy)
+    assert msg and msg.startswith("cuda:1 has")
+    # A vLLM server holding 90% of an H200: the workers no longer fit, and the fix is named.
+    h200_served = lambda device: (14 * gib, 141 * gib)  # noqa: E731
+    msg = search_setup.gpu_memory_problem("cross_entropy", [], None, False, mem_get_info=h200_served)
+    assert msg and "--gpu-memory-utilization" in msg
+    util = float(msg.split("--gpu-memory-utilization ")[1].split()[0])
+    assert 141 * gib * (1 - util) >= workers  # what the message suggests leaves the workers room
+    # The small GDN tasks fit beside the same server.
+    assert search_setup.gpu_memory_problem("gdn_chunk_fwd_h", [], None, False, mem_get_info=h200_served) is None
+
+
+def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):
+    import types
+
+    import torch
+
+    import search_setup
+    said = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    args = types.SimpleNamespace(llm_device=None, devices="all")
+    devices = search_setup.place_local_llm(args, ["cuda:0", "cuda:1", "cuda:2"], said.append)
+    assert args.llm_device == "cuda:2" and devices == ["cuda:0", "cuda:1"]
+    # Devices named by the user are kept, and the sharing is said.
+    args = types.SimpleNamespace(llm_device="cuda:0", devices="0,1")
+    assert search_setup.place_local_llm(args, ["cuda:0", "cuda:1"], said.append) == ["cuda:0", "cuda:1"]
+    assert "shares cuda:0" in said[-1] and "--llm-device" in said[-1]
+    # One GPU: shared, and said.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = types.SimpleNamespace(llm_device=None, devices="all")
+    assert search_setup.place_local_llm(args, ["cuda:0"], said.append) == ["cuda:0"]
+    assert args.llm_device == "cuda:0" and "shares cuda:0" in said[-1]
