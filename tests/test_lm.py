@@ -1,8 +1,8 @@
 """Tests of lm.py's GPU-facing choices, on CPU: how GPT-OSS is loaded (attention, dequantisation),
-how many rows a GPU holds (lm_memory.py, with GPT-OSS-20B's real config), completion log-probs
-projected a chunk at a time, and one copy of the weights serving the base model and an adapter.
-What only a GPU can settle (flex attention against eager on CUDA, the memory it saves) is in the
-gpu-marked tests at the end, which scripts/gpu_check.py runs first."""
+how many rows a batch takes on a GPU (the arithmetic is lm_memory.py's, in test_lm_memory.py),
+completion log-probs projected a chunk at a time, and one copy of the weights serving the base
+model and an adapter. What only a GPU can settle (flex attention against eager on CUDA, the memory
+it saves) is in the gpu-marked tests at the end, which scripts/gpu_check.py runs first."""
 import copy
 import sys
 from pathlib import Path
@@ -11,21 +11,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cli  # noqa: E402
 import lm  # noqa: E402
 import lm_memory  # noqa: E402
 import tiny_models  # noqa: E402
-
-GIB = 2 ** 30
-
-
-def gpt_oss_20b_config(**kw):
-    """GPT-OSS-20B's config as published (no weights): the numbers the memory plan depends on."""
-    from transformers import GptOssConfig
-    return GptOssConfig(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
-                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
-                        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
-                        layer_types=["sliding_attention", "full_attention"] * 12, **kw)
+from test_lm_memory import GIB, gpt_oss_20b_config  # noqa: E402
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -58,39 +47,6 @@ def test_use_attention_switches_a_model_in_memory():
 
 
 # ---- how many rows fit ------------------------------------------------------------------------
-
-def test_kv_cache_bytes_of_gpt_oss_20b():
-    cfg = gpt_oss_20b_config()
-    per_token_layer = 2 * 8 * 64 * 2  # keys and values, 8 KV heads of 64, bf16
-    assert lm_memory.kv_bytes(cfg, 1000, sliding_capped=False) == 24 * 1000 * per_token_layer
-    # the 12 sliding-window layers keep 128 tokens once their cache drops older ones
-    assert lm_memory.kv_bytes(cfg, 12800) == (12 * 12800 + 12 * 128) * per_token_layer
-    assert lm_memory.kv_bytes(cfg, 100) == 24 * 100 * per_token_layer  # shorter than the window
-
-
-def test_batch_sizes_for_gpt_oss_20b_on_80_and_141_gb_cards():
-    """GPT-OSS-20B is ~42 GB in bf16 (an adapter or training dequantises it), ~14 GB with MXFP4
-    experts; forecast prompts run 2.5k-4.6k tokens."""
-    cfg = gpt_oss_20b_config()
-    h100_bf16, h200_mxfp4 = 36 * GIB, 125 * GIB  # free after the weights, CUDA context and adapter
-    forecast = dict(prompt_tokens=4600, new_tokens=4096)
-    flex = lm_memory.rows_that_fit(cfg, h100_bf16, **forecast)
-    eager = lm_memory.rows_that_fit(cfg, h100_bf16, eager_attention=True, **forecast)
-    assert 8 <= flex <= 32 and eager <= 2  # eager: 10.8 GB of scores a row at 4,600 tokens
-    # what fits does fit, with the headroom kept, and one more row would not
-    per_row = lm_memory.row_bytes(cfg, computed_tokens=4600, **forecast)
-    assert flex * per_row <= 0.8 * h100_bf16 < (flex + 1) * per_row
-    assert lm_memory.rows_that_fit(cfg, h200_mxfp4, **forecast) > 2 * flex
-    shorter = lm_memory.rows_that_fit(cfg, h100_bf16, prompt_tokens=2500, new_tokens=4096)
-    assert shorter > flex
-    # GRPO: G rows generate from their prompt's cache (1 token each computed; a shared-prefix cache
-    # keeps every token in every layer) to 8,192 new tokens. The old fixed 64 did not fit an 80 GB card.
-    grpo = dict(prompt_tokens=4600, new_tokens=8192, computed_tokens=1, sliding_capped=False)
-    assert 32 <= lm_memory.rows_that_fit(cfg, h100_bf16, **grpo) < 64
-    assert lm_memory.rows_that_fit(cfg, h200_mxfp4, **grpo) >= 128
-    assert lm_memory.rows_that_fit(cfg, 1 * GIB, **forecast) == 1  # never 0
-    assert lm_memory.rows_that_fit(cfg, 10 ** 15, most=7, **forecast) == 7
-
 
 def test_rows_at_once_on_a_cpu_is_all_rows():
     policy = lm.LM(tiny_models.tiny_gpt_oss(), tiny_models.tiny_tokenizer())
@@ -217,61 +173,6 @@ def test_adapter_switch_merges_experts_and_restores_the_base_bit_for_bit(monkeyp
     restored = expert_params(model)
     assert all(torch.equal(restored[n], original[n]) for n in original)
     assert missed > 0  # plain subtraction would have drifted: the fix-up had work to do
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt_oss_dirs(tmp_path_factory):
-    """A tiny GPT-OSS on disk (with the tests' small tokenizer) and a LoRA adapter for it,
-    attention and experts, as train_grpo.py saves one."""
-    folder = tmp_path_factory.mktemp("tiny_gpt_oss")
-    tiny_models.tiny_gpt_oss(seed=2).save_pretrained(folder / "model")
-    tiny_models.tiny_tokenizer().save_pretrained(folder / "model")
-    model = lora_policy(seed=2, scale=0.2)
-    model.save_pretrained(folder / "adapter", save_embedding_layers=False)
-    return folder / "model", folder / "adapter"
-
-
-def test_search_loads_one_model_for_the_mutator_and_the_adapted_forecaster(tiny_gpt_oss_dirs, monkeypatch):
-    import search
-    import search_setup
-    model_dir, adapter_dir = tiny_gpt_oss_dirs
-    loads = []
-    real_load = lm.load_model
-    monkeypatch.setattr(lm, "load_model", lambda *a, **k: loads.append(k) or real_load(*a, **k))
-    args = cli.parse(search.Args, ["--task", "cross_entropy", "--model", str(model_dir), "--adapter",
-                                   str(adapter_dir), "--unsafe-no-sandbox"])
-    env = search_setup.setup(args, say=lambda s: None)
-    mutator, forecaster = env.mutator.backend, env.forecaster.backend
-    assert mutator.model is forecaster.model and len(loads) == 1 and loads[0]["dequantize"]
-    assert forecaster.adapter == str(adapter_dir) and mutator.adapter is None  # forecast cache keys differ
-    rows = [list(range(3, 40)), list(range(10, 30))]
-    digits = ["1", "2", "3", "4"]
-    adapted = forecaster.next_token_probs(rows, digits)
-    plain = mutator.next_token_probs(rows, digits)
-    again = forecaster.next_token_probs(rows, digits)
-    assert adapted == again  # switching back and forth changes nothing
-    assert max(abs(a / b - 1) for ra, rb in zip(adapted, plain) for a, b in zip(ra, rb)) > 0.05
-    # the mutator sees the released model; the forecaster the model with the adapter (peft's own path)
-    from peft import PeftModel
-    fresh, tok = real_load(str(model_dir))
-    base = lm.LM(copy.deepcopy(fresh), tok).next_token_probs(rows, [tok.convert_tokens_to_ids(d) for d in digits],
-                                                              batch_size=2)
-    assert torch.allclose(torch.tensor(plain), torch.tensor(base), rtol=1e-5, atol=0)
-    peft = lm.LM(PeftModel.from_pretrained(fresh, str(adapter_dir)), tok)
-    unmerged = peft.next_token_probs(rows, peft.candidate_ids(digits), batch_size=2)
-    assert torch.allclose(torch.tensor(adapted), torch.tensor(unmerged), rtol=1e-4, atol=0)
-
-
-def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():
-    """vllm serve ... --lora-modules grpo-brier=FOLDER: the forecaster's requests name the adapter,
-    the mutator's the base model."""
-    import search
-    import search_setup
-    args = cli.parse(search.Args, ["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1",
-                                   "--adapter", "grpo-brier", "--unsafe-no-sandbox"])
-    env = search_setup.setup(args, say=lambda s: None)
-    assert env.forecaster.backend.model == "grpo-brier"
-    assert env.mutator.backend.model == lm.DEFAULT_MODEL
 
 
 # ---- what only a GPU can settle ---------------------------------------------------------------

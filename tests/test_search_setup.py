@@ -1,5 +1,14 @@
-"""Tests of search_setup.py: the LLM's device, waiting and memory beside the measure workers."""
+"""Tests of search_setup.py: the models and servers a search uses, the LLM's GPU and memory beside the workers."""
+import copy
+
+import pytest
+import torch
+
+import cli
+import lm
 import search
+import tiny_models
+from test_lm import lora_policy
 
 
 def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
@@ -77,3 +86,60 @@ def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):
     args = types.SimpleNamespace(llm_device=None, devices="all")
     assert search_setup.place_local_llm(args, ["cuda:0"], said.append) == ["cuda:0"]
     assert args.llm_device == "cuda:0" and "shares cuda:0" in said[-1]
+
+
+# ---- one copy of the weights for the mutator and the adapted forecaster --------------------------
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss_dirs(tmp_path_factory):
+    """A tiny GPT-OSS on disk (with the tests' small tokenizer) and a LoRA adapter for it,
+    attention and experts, as train_grpo.py saves one."""
+    folder = tmp_path_factory.mktemp("tiny_gpt_oss")
+    tiny_models.tiny_gpt_oss(seed=2).save_pretrained(folder / "model")
+    tiny_models.tiny_tokenizer().save_pretrained(folder / "model")
+    model = lora_policy(seed=2, scale=0.2)
+    model.save_pretrained(folder / "adapter", save_embedding_layers=False)
+    return folder / "model", folder / "adapter"
+
+
+def test_search_loads_one_model_for_the_mutator_and_the_adapted_forecaster(tiny_gpt_oss_dirs, monkeypatch):
+    import search
+    import search_setup
+    model_dir, adapter_dir = tiny_gpt_oss_dirs
+    loads = []
+    real_load = lm.load_model
+    monkeypatch.setattr(lm, "load_model", lambda *a, **k: loads.append(k) or real_load(*a, **k))
+    args = cli.parse(search.Args, ["--task", "cross_entropy", "--model", str(model_dir), "--adapter",
+                                   str(adapter_dir), "--unsafe-no-sandbox"])
+    env = search_setup.setup(args, say=lambda s: None)
+    mutator, forecaster = env.mutator.backend, env.forecaster.backend
+    assert mutator.model is forecaster.model and len(loads) == 1 and loads[0]["dequantize"]
+    assert forecaster.adapter == str(adapter_dir) and mutator.adapter is None  # forecast cache keys differ
+    rows = [list(range(3, 40)), list(range(10, 30))]
+    digits = ["1", "2", "3", "4"]
+    adapted = forecaster.next_token_probs(rows, digits)
+    plain = mutator.next_token_probs(rows, digits)
+    again = forecaster.next_token_probs(rows, digits)
+    assert adapted == again  # switching back and forth changes nothing
+    assert max(abs(a / b - 1) for ra, rb in zip(adapted, plain) for a, b in zip(ra, rb)) > 0.05
+    # the mutator sees the released model; the forecaster the model with the adapter (peft's own path)
+    from peft import PeftModel
+    fresh, tok = real_load(str(model_dir))
+    base = lm.LM(copy.deepcopy(fresh), tok).next_token_probs(rows, [tok.convert_tokens_to_ids(d) for d in digits],
+                                                              batch_size=2)
+    assert torch.allclose(torch.tensor(plain), torch.tensor(base), rtol=1e-5, atol=0)
+    peft = lm.LM(PeftModel.from_pretrained(fresh, str(adapter_dir)), tok)
+    unmerged = peft.next_token_probs(rows, peft.candidate_ids(digits), batch_size=2)
+    assert torch.allclose(torch.tensor(adapted), torch.tensor(unmerged), rtol=1e-4, atol=0)
+
+
+def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():
+    """vllm serve ... --lora-modules grpo-brier=FOLDER: the forecaster's requests name the adapter,
+    the mutator's the base model."""
+    import search
+    import search_setup
+    args = cli.parse(search.Args, ["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1",
+                                   "--adapter", "grpo-brier", "--unsafe-no-sandbox"])
+    env = search_setup.setup(args, say=lambda s: None)
+    assert env.forecaster.backend.model == "grpo-brier"
+    assert env.mutator.backend.model == lm.DEFAULT_MODEL
