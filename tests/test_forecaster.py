@@ -1,15 +1,25 @@
-"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the gate, the CLI and --eval."""
+"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the gate, the CLI and
+--eval (also on the paper's discovery pairs: tests/fixtures/paper_discovery_pairs.jsonl is hand-made,
+real kernels of tasks/kernels, invented speedups)."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+import forecaster
 import forecaster as F
+import metrics
+from dataset import load_rows
 from forecast_answer import Forecast, failure
 from forecast_prompt import build_messages, shared_messages
 from forecaster_backends import Completion
+from records import RecordError
+from tasks import TASK_NAMES
 from test_forecast_answer import args, call
 from test_forecast_prompt import A100, CAND, REF
+
+FIX = Path(__file__).resolve().parent / "fixtures"
 
 
 # ---- the gate ---------------------------------------------------------------------------------------------
@@ -211,3 +221,66 @@ def test_eval_cli_and_bad_rows(tmp_path, capsys):
     rows.write_text('{"row_id": "x", "pack": "nope", "anchor_code": "", "candidate_code": ""}\n')
     assert F.main(["--eval", str(rows), "--out", str(tmp_path / "p2.jsonl"), "--no-cache"]) == 2
     assert "rows.jsonl:1:" in capsys.readouterr().err and not (tmp_path / "p2.jsonl").exists()
+
+
+# ---- --eval on the paper's discovery pairs: read, forecast child against parent, score -----------
+
+class ChildRecorder:
+    """A backend that records each prompt and answers with the forecast tool's own fields: most of
+    the mass on bin 6 when the child is one of the fused or chunked kernels, else on bin 3."""
+    name, adapter, reasoning_effort = "scripted", None, "medium"
+
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, conversations, *, max_new_tokens, temperature, seed, tools=None, shared=None):
+        fields = [f for f in tools[0]["function"]["parameters"]["properties"] if f.startswith("p_")]
+        out = []
+        for conv in conversations:
+            text = "\n".join(m["content"] for m in conv)
+            self.prompts.append(text)
+            child = text[text.rindex("Candidate kernel"):]
+            top = 6 if ("fused" in child.lower() or "chunk" in child.lower()) else 3
+            probs = [0.8 if b == top else 0.2 / 7 for b in range(1, 9)]
+            answer = {"predicted_bin": top, **dict(zip(fields, probs)), "reasoning": "scripted"}
+            out.append(Completion(json.dumps(answer), 10, 5))
+        return out
+
+
+def test_discovery_pairs_are_forecast_child_against_parent_and_scored(tmp_path, capsys):
+    pairs = [json.loads(line) for line in (FIX / "paper_discovery_pairs.jsonl").read_text().splitlines()]
+    rows = load_rows(FIX / "paper_discovery_pairs.jsonl", tasks=TASK_NAMES)
+    for r, pair in zip(rows, pairs):
+        assert (r["row_id"], r["pack"], r["anchor_code"], r["candidate_code"], r["aggregated_speedup"]) == \
+            (pair["pair_id"], pair["problem_id"], pair["parent_code"], pair["child_code"], pair["g_speedup"])
+    out = tmp_path / "preds.jsonl"
+    backend = ChildRecorder()
+    argv = ["--eval", str(FIX / "paper_discovery_pairs.jsonl"), "--out", str(out), "--no-cache"]
+    assert forecaster.main(argv, backend=backend) == 0
+    capsys.readouterr()
+    assert len(backend.prompts) == len(pairs)
+    for pair in pairs:  # the parent is the prompt's reference, the child its candidate
+        parent, child = pair["parent_code"].splitlines()[0], pair["child_code"].splitlines()[0]
+        prompt = next(p for p in backend.prompts if child in p[p.rindex("Candidate kernel"):])
+        assert parent in prompt[:prompt.rindex("Candidate kernel")]
+    preds = {p["id"]: p for p in map(json.loads, out.read_text().splitlines())}
+    assert {k: (p["true_speedup"], p["true_bin"]) for k, p in preds.items()} == \
+        {pair["pair_id"]: (pair["g_speedup"], pair["true_bin"]) for pair in pairs}
+    assert metrics.main([str(out), "--discovery", "0.5", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["discovery"]
+    # flagged (P(>= 1.414x) = .8 + 3 * .2/7 >= .5): d1 chunked (1.9x, a discovery), d2 fused_online
+    # (1.25x, not), d4 fused_projections (3.1x, a discovery); not flagged: d3 (0.8x), d5 (1.0x)
+    assert (d["flagged"], d["precision"], d["recall"], d["base_rate"]) == (3, pytest.approx(2 / 3), 1.0, 0.4)
+
+
+def test_discovery_pairs_of_other_benchmarks_are_refused_with_the_fix(tmp_path, capsys):
+    pair = json.loads((FIX / "paper_discovery_pairs.jsonl").read_text().splitlines()[0])
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({**pair, "problem_id": "L3/T11/vgg19", "benchmark_family": "kernelbench_l3"}) + "\n")
+    assert len(load_rows(path)) == 1  # any problem, when no task list is given
+    with pytest.raises(RecordError, match="gpu_mode"):
+        load_rows(path, tasks=TASK_NAMES)
+    assert forecaster.main(["--eval", str(path), "--out", str(tmp_path / "p.jsonl"), "--no-cache"],
+                           backend=ChildRecorder()) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}:1" in err and "kernelbench_l3" in err
