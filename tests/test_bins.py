@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bins
+from forecast_prompt import PAPER_PROB_FIELDS, PROB_FIELDS
 
 UNIFORM = [1 / 8] * 8
 
@@ -59,6 +60,20 @@ def test_bin_intervals_labels_and_representatives():
     for bad in (0, 9, True, 2.0):
         with pytest.raises(ValueError):
             bins.bin_interval(bad)
+
+
+def test_every_bin_name_fits_its_interval():
+    for b in bins.BINS:
+        low, high = bins.bin_interval(b)
+        name = bins.BIN_NAMES[b - 1]
+        if high <= 1.0:
+            assert "slowdown" in name and "speedup" not in name, (b, name)
+        elif low >= bins.BIN_EDGES[3]:  # 1.414x and above
+            assert "speedup" in name and "slowdown" not in name and "parity" not in name, (b, name)
+        else:  # [1, 1.41x): parity to a slight speedup, never a slowdown
+            assert name == "parity to slight speedup"
+    assert len(set(bins.BIN_NAMES)) == bins.N_BINS
+    assert PROB_FIELDS[3] == "p_parity_to_slight_speedup" and PAPER_PROB_FIELDS[3] == "p_minor_slowdown"
 
 
 # ---- per-forecast scores --------------------------------------------------------------------

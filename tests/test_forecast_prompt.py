@@ -1,9 +1,9 @@
-"""Tests of forecast_prompt.py: the prompt, its bin table and tool, the hardware profiles."""
+"""Tests of forecast_prompt.py: the prompt, its bin table and tool, the hardware profiles and their names."""
 import pytest
 
 import bins
 from forecast_prompt import (FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME, build_messages, hardware_info,
-                             shared_messages)
+                             hardware_profile, row_hardware, shared_messages)
 
 A100 = hardware_info("a100-80gb")
 REF = "import torch\n\ndef custom_kernel(data):\n    logits, targets, g = data\n    return reference(logits, targets, g)\n"
@@ -60,6 +60,13 @@ def test_tool_schema_matches_bins():
     assert params["properties"]["predicted_bin"]["maximum"] == bins.N_BINS
 
 
+def test_unknown_task_is_clear():
+    with pytest.raises(ValueError, match="unknown task"):
+        build_messages("matmul", REF, CAND, A100)
+
+
+# ---- hardware profiles ----------------------------------------------------------------------------
+
 def test_hardware_profiles_and_bad_profile():
     assert A100["sm_count"] == 108 and A100["compute_capability"] == "8.0" and A100["clock_ghz"] == 1.41
     assert set(HARDWARE_PROFILES) >= {"a100-80gb", "h100", "h200"}
@@ -70,6 +77,19 @@ def test_hardware_profiles_and_bad_profile():
         assert hardware_info() == A100
 
 
-def test_unknown_task_is_clear():
-    with pytest.raises(ValueError, match="unknown task"):
-        build_messages("matmul", REF, CAND, A100)
+def test_hardware_profiles_and_names():
+    assert set(HARDWARE_PROFILES) >= {"a100-80gb", "h100", "h200", "l40s"}
+    l40s = HARDWARE_PROFILES["l40s"]
+    assert (l40s["compute_capability"], l40s["memory_gb"], l40s["sm_count"], l40s["max_threads_per_sm"],
+            l40s["clock_ghz"], l40s["memory_clock_ghz"], l40s["memory_bus_width_bits"]) == \
+        ("8.9", 44.5, 142, 1536, 2.52, 9.0, 384)
+    for name, key in (("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("A100-80GB", "a100-80gb"), ("a100-80gb", "a100-80gb"),
+                      ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA L40S", "l40s"),
+                      ("cpu (x86_64, 2 cores)", "cpu")):
+        assert hardware_profile(name) == HARDWARE_PROFILES[key], name
+    for bad in ("NVIDIA A100-SXM4-40GB", "FakeGPU", "TPU v5"):
+        with pytest.raises(ValueError, match=r"unknown hardware .*known: a100-80gb .*h100.*h200.*l40s"):
+            hardware_profile(bad)
+    h100 = HARDWARE_PROFILES["h100"]
+    assert row_hardware({"hardware": "NVIDIA H100 80GB HBM3"}, A100) == h100
+    assert row_hardware({"hardware": ""}, A100) == A100 and row_hardware({}, A100) == A100

@@ -6,13 +6,11 @@ import json
 
 import pytest
 
-import bins
 import forecaster as F
 from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 from forecast_answer import parse_answer
-from forecast_prompt import (DEFER_TOOL, DEFER_TOOL_NAME, HARDWARE_PROFILES, PAPER_PROB_FIELDS, PROB_FIELDS,
-                             TOOL_NAME, answer_tools, build_messages, forecast_tool, hardware_info,
-                             hardware_profile, row_hardware, shared_messages)
+from forecast_prompt import (DEFER_TOOL, DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME, answer_tools,
+                             build_messages, forecast_tool, hardware_info, shared_messages)
 from forecaster_backends import Completion, OpenAIServerBackend
 
 A100 = hardware_info("a100-80gb")
@@ -28,22 +26,6 @@ def answer(fields=PROB_FIELDS, probs=PROBS, stated=5):
 def call(args, tool=TOOL_NAME):
     return (f"<|channel|>analysis<|message|>Compare traffic.<|end|><|start|>assistant to=functions.{tool}"
             f"<|channel|>commentary <|constrain|>json<|message|>{json.dumps(args)}<|call|>")
-
-
-# ---- bin names ----------------------------------------------------------------------------------
-
-def test_every_bin_name_fits_its_interval():
-    for b in bins.BINS:
-        low, high = bins.bin_interval(b)
-        name = bins.BIN_NAMES[b - 1]
-        if high <= 1.0:
-            assert "slowdown" in name and "speedup" not in name, (b, name)
-        elif low >= bins.BIN_EDGES[3]:  # 1.414x and above
-            assert "speedup" in name and "slowdown" not in name and "parity" not in name, (b, name)
-        else:  # [1, 1.41x): parity to a slight speedup, never a slowdown
-            assert name == "parity to slight speedup"
-    assert len(set(bins.BIN_NAMES)) == bins.N_BINS
-    assert PROB_FIELDS[3] == "p_parity_to_slight_speedup" and PAPER_PROB_FIELDS[3] == "p_minor_slowdown"
 
 
 # ---- the paper protocol's prompt ----------------------------------------------------------------
@@ -119,25 +101,7 @@ def test_abstain_needs_the_verbalized_readout():
         F.Forecaster(Scripted(), readout="logits", cache_dir=None, hardware=A100, abstain=True)
 
 
-# ---- hardware: from the row, named profiles, unknown is an error ----------------------------------
-
-def test_hardware_profiles_and_names():
-    assert set(HARDWARE_PROFILES) >= {"a100-80gb", "h100", "h200", "l40s"}
-    l40s = HARDWARE_PROFILES["l40s"]
-    assert (l40s["compute_capability"], l40s["memory_gb"], l40s["sm_count"], l40s["max_threads_per_sm"],
-            l40s["clock_ghz"], l40s["memory_clock_ghz"], l40s["memory_bus_width_bits"]) == \
-        ("8.9", 44.5, 142, 1536, 2.52, 9.0, 384)
-    for name, key in (("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("A100-80GB", "a100-80gb"), ("a100-80gb", "a100-80gb"),
-                      ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA L40S", "l40s"),
-                      ("cpu (x86_64, 2 cores)", "cpu")):
-        assert hardware_profile(name) == HARDWARE_PROFILES[key], name
-    for bad in ("NVIDIA A100-SXM4-40GB", "FakeGPU", "TPU v5"):
-        with pytest.raises(ValueError, match=r"unknown hardware .*known: a100-80gb .*h100.*h200.*l40s"):
-            hardware_profile(bad)
-    h100 = HARDWARE_PROFILES["h100"]
-    assert row_hardware({"hardware": "NVIDIA H100 80GB HBM3"}, A100) == h100
-    assert row_hardware({"hardware": ""}, A100) == A100 and row_hardware({}, A100) == A100
-
+# ---- hardware: from the row, unknown is an error ----------------------------------------------------
 
 class Scripted:
     """Answers from a script, one completion per conversation; records each call's seed and tools."""

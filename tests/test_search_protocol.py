@@ -1,6 +1,6 @@
 """Tests of the search's protocols and the paper's pieces in it: --protocol paper (exactly the
 budget, 4 children kept, the forecaster's paper prompt and its retry), the abstain variant's
-deferrals, forecast as reward, fast_1, and a mutator on another server than the forecaster.
+deferrals, forecast as reward, fast_1, and resuming a log written before these options.
 
 The search runs with the scripted collaborators of test_search.py (bit-string kernels, a fake
 measure function), or from the command line with a fake measure function and the loopback fake
@@ -193,26 +193,7 @@ def test_cli_paper_protocol_with_abstain_over_a_served_forecaster(tmp_path, monk
     assert len(rows) == len(views) + len(retried)
 
 
-# ---- the mutator on another server than the forecaster ------------------------------------------
-
-def test_the_mutator_can_be_another_model_on_another_server():
-    from search_setup import SetupError, setup
-    said = []
-    common = ["--task", "cross_entropy", "--gate", "topk", "--scale", "cpu", "--unsafe-no-sandbox"]
-    env = setup(parse_args(common + ["--server", "http://forecaster:8000/v1", "--mutator-server",
-                                     "http://hosted.example/v1", "--mutator-model", "gemini-3-flash",
-                                     "--protocol", "paper"]), say=said.append)
-    assert env.mutator_name == "llm:gemini-3-flash at http://hosted.example/v1"
-    assert env.forecaster_name.startswith("openai/gpt-oss-20b at http://forecaster:8000/v1")
-    # built on first use (no request is sent): each backend points at its own server
-    assert env.mutator.backend.server == "http://hosted.example/v1" and env.mutator.backend.model == "gemini-3-flash"
-    assert env.forecaster.backend.server == "http://forecaster:8000/v1"
-    assert (env.forecaster.protocol, env.forecaster.parse_retries) == ("paper", 1)
-    assert env.forecaster.hardware["name"].startswith("CPU")  # measured here, at CPU scale
-    assert env.budget == 320 and any(line.startswith("protocol: paper") for line in said)
-    with pytest.raises(SetupError, match="--mutator-server"):
-        setup(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)
-
+# ---- a log of an older search.py --------------------------------------------------------------
 
 def test_a_log_written_before_the_protocol_options_resumes(tmp_path):
     s, first, measure = run(tmp_path, budget=4)

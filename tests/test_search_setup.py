@@ -8,8 +8,11 @@ import cli
 import lm
 import search
 import tiny_models
+from search import parse_args
 from test_lm import lora_policy
 
+
+# ---- a local LLM beside the measure workers ------------------------------------------------------
 
 def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
     import torch
@@ -143,3 +146,24 @@ def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():
     env = search_setup.setup(args, say=lambda s: None)
     assert env.forecaster.backend.model == "grpo-brier"
     assert env.mutator.backend.model == lm.DEFAULT_MODEL
+
+
+# ---- the mutator on another server than the forecaster -------------------------------------------
+
+def test_the_mutator_can_be_another_model_on_another_server():
+    from search_setup import SetupError, setup
+    said = []
+    common = ["--task", "cross_entropy", "--gate", "topk", "--scale", "cpu", "--unsafe-no-sandbox"]
+    env = setup(parse_args(common + ["--server", "http://forecaster:8000/v1", "--mutator-server",
+                                     "http://hosted.example/v1", "--mutator-model", "gemini-3-flash",
+                                     "--protocol", "paper"]), say=said.append)
+    assert env.mutator_name == "llm:gemini-3-flash at http://hosted.example/v1"
+    assert env.forecaster_name.startswith("openai/gpt-oss-20b at http://forecaster:8000/v1")
+    # built on first use (no request is sent): each backend points at its own server
+    assert env.mutator.backend.server == "http://hosted.example/v1" and env.mutator.backend.model == "gemini-3-flash"
+    assert env.forecaster.backend.server == "http://forecaster:8000/v1"
+    assert (env.forecaster.protocol, env.forecaster.parse_retries) == ("paper", 1)
+    assert env.forecaster.hardware["name"].startswith("CPU")  # measured here, at CPU scale
+    assert env.budget == 320 and any(line.startswith("protocol: paper") for line in said)
+    with pytest.raises(SetupError, match="--mutator-server"):
+        setup(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)
