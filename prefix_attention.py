@@ -39,8 +39,8 @@ def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     old, old_lse = flash(query, key[:, :, :width], value[:, :, :width], 0.0, False, scale=scaling)[:2]
     new, new_lse = flash(query, key[:, :, width:], value[:, :, width:], 0.0, True, scale=scaling)[:2]
     lse = torch.logaddexp(old_lse, new_lse)
-    out = old * (old_lse - lse).exp()[..., None] + new * (new_lse - lse).exp()[..., None]
-    return out.transpose(1, 2).contiguous(), None
+    out = old * (old_lse - lse).exp()[..., None] + new * (new_lse - lse).exp()[..., None]  # fp32: the lse's
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def use_prefix_attention(model):

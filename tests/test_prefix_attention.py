@@ -43,3 +43,26 @@ def test_split_attention_after_a_prefix_is_sdpa():
     assert backend.prefix_stats["computed"] == 1
     for a, b in zip(full, reused):  # a random model's digits are unlikely: compare relatively
         assert a == pytest.approx(b, rel=1e-4, abs=1e-12)
+
+
+def test_split_attention_in_bf16_keeps_the_models_dtype():
+    """A bf16 model (the embedded one on a CPU with AMX): the split's merge runs in fp32 (the
+    log-sum-exps are fp32) and hands the layer bf16 back; the forecasts over a cached prefix agree
+    with the full prompts' to bf16's precision."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny_models import tiny_tokenizer
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                                         eos_token_id=0, bos_token_id=None, initializer_range=0.5,
+                                         attn_implementation="sdpa")).eval().to(torch.bfloat16)
+    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny llama bf16", batch_size=1)
+    shared = [{"role": "system", "content": "| bin | name | speedup interval |\n" * 12}, {"role": "user", "content": "ref"}]
+    prompts = [backend.answer_prompt(shared[:1] + [{"role": "user", "content": "ref" + tail}], "", ANSWER_PREFIX)
+               for tail in (" fused", " a longer candidate kernel " * 8)]
+    full = backend.next_token_probs(prompts, DIGITS)
+    reused = backend.next_token_probs(prompts, DIGITS, shared=backend.answer_prompt(shared, None, ""))
+    assert backend.prefix_stats["computed"] == 1
+    for a, b in zip(full, reused):
+        assert sum(a) > 0 and a == pytest.approx(b, rel=0.1, abs=0.01)
