@@ -80,6 +80,7 @@ import plots
 from cli import flag
 from dataset import training_row
 from forecast_prompt import PROTOCOLS
+from forecaster_backends import EMBEDDED_DTYPES
 from lm import DEFAULT_MODEL
 from mutators import goal_reward
 from puct import Archive
@@ -165,6 +166,8 @@ class Args:
                                  "the GPU's memory (its worker figure is an estimate)")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
                                  "verbalized", choices=("verbalized", "logits"))
+    embedded_dtype: str = flag("auto", "dtype of the embedded CPU forecaster; auto: bfloat16 on CPUs with AMX "
+                               "(~3x faster), float32 elsewhere (exact numbers)", choices=EMBEDDED_DTYPES)
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
                                choices=("benchmark", "cpu"), logged=True)
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")

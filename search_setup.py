@@ -166,7 +166,7 @@ def setup(args, say=print):
         elif llm is not None:  # the mutator's model forecasts too
             fname, build = llm_name, lambda: llm
         else:
-            fname, build = "embedded SmolLM2-135M", b.embedded_backend
+            fname, build = "embedded SmolLM2-135M", lambda: b.embedded_backend(dtype=args.embedded_dtype)
         embedded = fname.startswith("embedded")
         readout = args.readout or ("logits" if embedded and not args.abstain else "verbalized")
         if args.abstain and readout != "verbalized":

@@ -27,7 +27,8 @@ model's converted copy (forecaster_backends.embedded_backend) is made before any
 are placeholders: forecasts ignore them, and GRPO only uses them to score its samples. The rows
 name the paper's A100 as their hardware (a row is shown the hardware it names).
 
-    python scripts/bench_forecast.py [--repeats 3] [--batch-sizes 1,8] [--measurements 2] [--grpo] [--json]
+    python scripts/bench_forecast.py [--repeats 3] [--batch-sizes 1,8] [--measurements 2] [--grpo]
+                                     [--embedded-dtype auto|float32|bfloat16] [--json]
 """
 import argparse
 import json
@@ -44,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.path)
+from forecaster_backends import EMBEDDED_DTYPES, embedded_dtype  # noqa: E402
 from records import read_jsonl  # noqa: E402
 
 TASK = "cross_entropy"
@@ -94,7 +96,7 @@ def run_cli(argv, env):
     return wall, cpu, proc.stderr
 
 
-def bench_forecasts(rows, folder, env, settings, repeats):
+def bench_forecasts(rows, folder, env, settings, repeats, dtype):
     """Every setting `repeats` times, interleaved; per setting the medians and each run's figures."""
     runs = {name: [] for name, _ in settings}
     for k in range(repeats):
@@ -102,7 +104,7 @@ def bench_forecasts(rows, folder, env, settings, repeats):
             pred = folder / f"pred{len(runs[name])}_{len(flags)}_{flags[1]}.jsonl"
             pred.unlink(missing_ok=True)
             wall, cpu, err = run_cli(["forecaster.py", "--eval", str(rows), "--out", str(pred), "--embedded",
-                                      "--readout", "logits", "--no-cache", *flags], env)
+                                      "--readout", "logits", "--no-cache", "--embedded-dtype", dtype, *flags], env)
             said = re.search(r"model load ([\d.]+) s, forecasts ([\d.]+) s", err)
             preds = [p for _, p in read_jsonl(pred)]
             runs[name].append(dict(wall_s=wall, cpu_s=cpu, load_s=float(said.group(1)),
@@ -182,6 +184,8 @@ def main(argv=None):
     ap.add_argument("--grpo", action="store_true", help="also time GRPO steps (embedded model, G = 4) with "
                                                         "and without prompt sharing")
     ap.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps per run, the first not counted (default 3)")
+    ap.add_argument("--embedded-dtype", choices=EMBEDDED_DTYPES, default="auto",
+                    help="the embedded model's dtype in every forecast run (forecaster.py's flag; default auto)")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args(argv)
     sizes = args.batch_sizes.split(",")
@@ -208,7 +212,7 @@ def main(argv=None):
         del backend
         rows = write_rows(folder / "rows.jsonl", codes)
         print(f"forecasting {len(codes)} {TASK} candidates per setting ...", file=sys.stderr)
-        forecasts = bench_forecasts(rows, folder, env, settings, args.repeats)
+        forecasts = bench_forecasts(rows, folder, env, settings, args.repeats, args.embedded_dtype)
         print("measuring ...", file=sys.stderr)
         walls = bench_measurements(codes, args.measurements)
         grpo = bench_grpo(rows, folder, env, args.grpo_steps) if args.grpo else None
@@ -218,7 +222,8 @@ def main(argv=None):
           f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"
           f"{'   idle threads sleep (OMP_WAIT_POLICY=PASSIVE)' if args.passive_wait else ''}")
     print(f"one measurement ({TASK}, measure.py, no cache): {m:.2f} s (mean of {len(walls)})")
-    print(f"{len(codes)} forecasts, embedded SmolLM2-135M, logits read-out, forecaster.py --eval in a fresh process"
+    print(f"{len(codes)} forecasts, embedded SmolLM2-135M in {str(embedded_dtype(args.embedded_dtype))[6:]}, "
+          "logits read-out, forecaster.py --eval in a fresh process"
           f" (medians of {args.repeats} interleaved runs):")
     print(f"{'setting':<32} {'wall s':>7} {'CPU s':>7} {'load s':>7} {'per forecast s':>15} {'/ measurement':>14} "
           f"{'compute only':>13} {'vs no reuse':>12} {'CPU vs':>7} {'max |dp|':>9}")

@@ -95,6 +95,22 @@ def test_cache_hits_do_not_touch_the_backend(tmp_path):
     assert backend.rows == 7
 
 
+def test_a_local_models_dtype_is_part_of_the_cache_key():
+    """bf16 and fp32 forecasts of one model differ (the embedded model runs bf16 on CPUs with AMX),
+    so neither may be served from the other's cache entry."""
+    import torch
+    messages = build_messages("cross_entropy", REF, CAND, A100)
+
+    import types
+    backend = ScriptedBackend()
+    backend.model = types.SimpleNamespace(dtype=torch.float32)  # what a transformers model reports
+    fp32 = F.Forecaster(backend, cache_dir=None, hardware=A100).cache_key(messages, 0)
+    backend.model = types.SimpleNamespace(dtype=torch.bfloat16)
+    bf16 = F.Forecaster(backend, cache_dir=None, hardware=A100).cache_key(messages, 0)
+    server = F.Forecaster(ScriptedBackend(), cache_dir=None, hardware=A100).cache_key(messages, 0)
+    assert len({fp32, bf16, server}) == 3
+
+
 def test_errors_are_not_cached(tmp_path):
     class Down(ScriptedBackend):
         def generate(self, conversations, **kw):

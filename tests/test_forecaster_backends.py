@@ -10,7 +10,7 @@ import forecaster as F
 from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs
 from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
-from forecaster_backends import OpenAIServerBackend, TransformersBackend, embedded_backend
+from forecaster_backends import OpenAIServerBackend, TransformersBackend, embedded_backend, embedded_dtype
 from test_forecast_answer import TOOL, args
 from test_forecast_prompt import A100, CAND, REF
 from tiny_models import HARMONY_VOCAB, load_smollm2, tiny_gpt_oss
@@ -226,3 +226,36 @@ def test_template_backend_batches_like_single_rows():
     single = backend.next_token_probs(prompts[1:], DIGITS)
     assert all(len(r) == 8 and 0 < sum(r) <= 1 for r in rows)
     assert rows[1] == pytest.approx(single[0], abs=1e-5)
+
+
+def test_embedded_dtype_is_bf16_only_on_cpus_with_bf16_matrix_units(monkeypatch):
+    import torch
+    for amx, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        assert embedded_dtype() == embedded_dtype("auto") == want
+        assert embedded_dtype("float32") == torch.float32 and embedded_dtype("bfloat16") == torch.bfloat16
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")  # a torch without the query: the exact numbers
+    assert embedded_dtype() == torch.float32
+    with pytest.raises(ValueError, match="float16"):
+        embedded_dtype("float16")
+
+
+def test_embedded_backend_loads_the_model_in_the_dtype_asked_for(monkeypatch, capsys):
+    import torch
+
+    import lm
+    from tiny_models import tiny_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def tiny_embedded():
+        config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, pad_token_id=0, eos_token_id=0)
+        return LlamaForCausalLM(config).eval(), tiny_tokenizer()
+    monkeypatch.setattr(lm, "load_embedded", tiny_embedded)
+    for dtype, want in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        backend = embedded_backend(dtype=dtype)
+        assert backend.model.dtype == want and backend.embedded
+        assert f"embedded model in {str(want)[6:]} (--embedded-dtype {dtype})" in capsys.readouterr().err
+        probs = backend.next_token_probs([backend.answer_prompt([{"role": "user", "content": "fused?"}], "",
+                                                                ANSWER_PREFIX)], DIGITS)[0]
+        assert len(probs) == 8 and 0 < sum(probs) <= 1

@@ -514,12 +514,26 @@ class FakeEmbeddedBackend:
 
     def __init__(self, **kw):
         type(self).builds += 1
+        type(self).kwargs = kw
 
     def answer_prompt(self, messages, reasoning, prefix, tools):
         return [len(messages[-1]["content"])]  # one 'token' that differs between candidates
 
     def next_token_probs(self, prompts, digits, shared=None):
         return [peaked(1 + p[0] % 8, 0.5) for p in prompts]
+
+
+def test_the_embedded_forecaster_gets_the_dtype_asked_for(tmp_path, monkeypatch):
+    import forecaster_backends
+    pytest.importorskip("measure")
+    monkeypatch.setattr(forecaster_backends, "embedded_backend", FakeEmbeddedBackend)
+    monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
+    for dtype in ("float32", None):
+        FakeEmbeddedBackend.kwargs = None
+        argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "1",
+                "--out", str(tmp_path / str(dtype)), "--no-progress"] + (["--embedded-dtype", dtype] if dtype else [])
+        assert search.main(argv) == 0
+        assert FakeEmbeddedBackend.kwargs == {"dtype": dtype or "auto"}
 
 
 def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, monkeypatch):
