@@ -87,9 +87,11 @@ def test_a_forged_timer_is_overruled_by_the_parents_clock(attack):
     assert any("parent's clock" in f for f in m.flags), m.flags
 
 
-def test_an_extraordinary_claim_needs_the_parents_clock_to_agree(attack, monkeypatch):
+def test_a_claimed_speedup_needs_the_parents_clock_to_agree(attack, monkeypatch):
     """The forged timer again, with the parent clock's noise test blinded, as a heavily loaded
-    machine can blind it: a claim of more than 10x stands only if the parent's clock agrees."""
+    machine can blind it: a claimed speedup stands only if the parent's clock saw at least half of
+    each call's claim (the forgery claims 3x to 500x per case depending on the machine's load; once
+    it claimed 8x, and a rule kept for claims above 10x let it through)."""
     monkeypatch.setattr(measure, "CLOCK_FLOOR_REL", 1e9)
     m = attack("timer_via_gc")
     assert m.status == "ok", m.message
