@@ -257,6 +257,7 @@ def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
         run(seed_source(TASK))
 
 
+@pytest.mark.slow
 def test_unsafe_no_sandbox_measures_where_bubblewrap_cannot_run(monkeypatch):
     import measure_sandbox
 

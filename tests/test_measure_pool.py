@@ -127,6 +127,7 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
         measure_sandbox.workers(3)
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
     sources = [seed_source(TASK), variant_sources(TASK)["torch_inplace"]]  # plain PyTorch: seconds each
     with MeasurePool(["cpu", "cpu"]) as pool:
@@ -151,6 +152,7 @@ def cluster():
     pool.close()
 
 
+@pytest.mark.slow
 def test_a_ray_node_measures_with_measure_py_in_its_sandbox(cluster):
     """The source travels in the task; measure.py on the node boots its sandboxed workers, which
     find the candidate's syntax error (a whole measurement is the same path, only longer)."""

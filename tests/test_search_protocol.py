@@ -151,6 +151,7 @@ def test_deferrals_rank_after_forecasts_in_topk_and_are_measured_by_the_confiden
 
 # ---- from the command line: the paper protocol, the abstain tool and the retry over a server -----
 
+@pytest.mark.slow
 def test_cli_paper_protocol_with_abstain_over_a_served_forecaster(tmp_path, monkeypatch, capsys):
     """search.py --protocol paper --abstain --server URL: every forecast request carries the paper's
     prompt and both tools; an answer that does not parse is asked again once; a deferral is

@@ -232,6 +232,7 @@ def _check_kernel(task, kernel, cases, seed0):
         assert ok, f"{case}: {msg}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stem", _ce_variants())
 def test_cross_entropy_variant_passes(stem):
     task = get_task("cross_entropy")
