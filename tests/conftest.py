@@ -47,9 +47,6 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    # the slow tests first: the test processes (pytest.ini's -n auto) then share out the short ones
-    # at the end, instead of one process finishing a 20-second test while the others sit idle
-    items.sort(key=lambda item: "slow" not in item.keywords)
     if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
