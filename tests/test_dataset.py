@@ -1,12 +1,12 @@
 """Tests for dataset.py: reading prediction files, ours and the paper's published format, and
-turning bad input into one error that names the file, the line and the fix."""
+training rows, turning bad input into one error that names the file, the line and the fix."""
 import json
 from pathlib import Path
 
 import pytest
 
 import metrics
-from dataset import load_predictions
+from dataset import load_predictions, load_rows
 from metrics import forecaster_name
 from records import RecordError
 from test_bins import onehot
@@ -97,3 +97,17 @@ def test_paper_parse_failed_rows_count_as_failures(tmp_path):
     assert rows[0]["parse_failed"] and rows[0]["probs"] is None and rows[0]["parse_error"] == "bad"
     rep = metrics.report(rows)
     assert rep["parse_rate"] == 0.5 and rep["accuracy"] == 1.0
+
+
+# ---- training rows (dataset.load_rows) --------------------------------------------------------
+
+def test_load_rows_recomputes_bins(tmp_path):
+    rows = [dict(row_id=f"r{i}", pack=["cross_entropy", "trimul"][i % 2], anchor_code="a",
+                 candidate_code="c", aggregated_speedup=s, relative_bin=b)
+            for i, (s, b) in enumerate([(0.4, 1), (1.2, 5), (3.0, 7), (5.0, 8), (1.0, 4)])]
+    with pytest.warns(UserWarning, match="1 row"):  # 1.2x is bin 4, not 5
+        loaded = load_rows(write_lines(tmp_path, rows, "rows.jsonl"))
+    assert [r["true_bin"] for r in loaded] == [1, 4, 7, 8, 4]
+    bad = write_lines(tmp_path, [dict(pack="x", anchor_code="a", candidate_code="c")], "bad.jsonl")
+    with pytest.raises(ValueError, match="bad.jsonl:1: missing field.*aggregated_speedup"):
+        load_rows(bad)

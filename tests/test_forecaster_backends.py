@@ -7,10 +7,11 @@ import pytest
 
 import bins
 import forecaster as F
-from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs
+from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs, text_completion
 from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
-from forecaster_backends import OpenAIServerBackend, TransformersBackend, embedded_backend, embedded_dtype
+from forecaster_backends import (OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend,
+                                 embedded_dtype)
 from test_forecast_answer import TOOL, args
 from test_forecast_prompt import A100, CAND, REF
 from tiny_models import HARMONY_VOCAB, load_smollm2, tiny_gpt_oss
@@ -189,6 +190,41 @@ def test_server_logits_readout():
         f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
             .forecast_many("cross_entropy", REF, [CAND])[0]
     assert f.parse_failed and "unsupported" in f.parse_error
+
+
+# ---- sampling token ids on a server (GRPO's --server) ----------------------------------------------
+
+def test_server_samples_keep_their_stop_token_and_fail_loudly():
+    replies = [text_completion([{"token_ids": [5, 6], "stop_reason": 99},                   # vLLM left the stop out
+                                {"token_ids": [5, 99], "stop_reason": 99},                  # or kept it
+                                {"token_ids": [5, 6, 7], "finish_reason": "length"}]),      # or ran out
+               text_completion([{"token_ids": None, "text": "56"}]),
+               error(500), error(500)]
+    with FakeOpenAIServer(replies=replies) as server:
+        backend = OpenAIServerBackend(server.url, backoff_s=0.01, retries=1)
+        kw = dict(n=3, max_new_tokens=8, temperature=1.0, stop_ids=[99, 98])
+        assert backend.sample_ids([[1, 2, 3]], **kw) == [[[5, 6, 99], [5, 99], [5, 6, 7]]]
+        with pytest.raises(ServerError, match="no token ids"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+        with pytest.raises(ServerError, match="after 2 tries"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+    assert server.requests[0]["prompt"] == [1, 2, 3] and server.requests[0]["stop_token_ids"] == [99, 98]
+    assert server.requests[0]["return_token_ids"] is True
+
+
+def test_server_log_probs_come_back_beside_the_sampled_ids():
+    replies = [text_completion([{"token_ids": [5, 6], "stop_reason": 99, "token_logprobs": [-0.1, -0.2]},
+                                {"token_ids": [5, 7, 8], "finish_reason": "length", "token_logprobs": [-1, -2, -3]}]),
+               text_completion([{"token_ids": [5, 6], "finish_reason": "length"}])]
+    with FakeOpenAIServer(replies=replies) as server:
+        backend = OpenAIServerBackend(server.url, backoff_s=0.01, retries=0)
+        kw = dict(n=2, max_new_tokens=8, temperature=1.0, stop_ids=[99], logprobs=True)
+        # the stop token appended here has no server log-prob
+        assert backend.sample_ids([[1, 2, 3]], **kw) == [[([5, 6, 99], [-0.1, -0.2, None]),
+                                                          ([5, 7, 8], [-1, -2, -3])]]
+        with pytest.raises(ServerError, match="no log-probs.*--tis-cap 0"):
+            backend.sample_ids([[1, 2, 3]], **kw)
+    assert [r.get("logprobs") for r in server.requests] == [1, 1]
 
 
 # ---- the real SmolLM2 (the embedded model) -------------------------------------------------------

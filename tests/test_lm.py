@@ -1,7 +1,7 @@
 """Tests of lm.py's GPU-facing choices, on CPU: how GPT-OSS is loaded (attention, dequantisation),
 how many rows a batch takes on a GPU (the arithmetic is lm_memory.py's, in test_lm_memory.py),
-completion log-probs projected a chunk at a time, and one copy of the weights serving the base
-model and an adapter. What only a GPU can settle (flex attention against eager on CUDA, the memory
+completion log-probs projected a chunk at a time, one forward of a prompt serving its group's
+samples, and one copy of the weights serving the base model and an adapter. What only a GPU can settle (flex attention against eager on CUDA, the memory
 it saves) is in the gpu-marked tests at the end, which scripts/gpu_check.py runs first."""
 import copy
 import sys
@@ -15,6 +15,7 @@ import lm  # noqa: E402
 import lm_memory  # noqa: E402
 import tiny_models  # noqa: E402
 from test_lm_memory import GIB, gpt_oss_20b_config  # noqa: E402
+from test_train_grpo import tiny_policy  # noqa: E402
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -133,6 +134,56 @@ def test_chunked_logprobs_and_gradients_equal_the_whole_sequence(votes):
         for i, s in enumerate(group):
             logp = lm.completion_logprobs(model, lm.collate([s], 0, "cpu"), 0.7, allowed, prefix=kv, chunk=3)
             assert torch.allclose(logp[0], whole[i, :len(s["completion"])], atol=1e-5)
+
+
+# ---- one prompt forward serving a group (lm.prompt_kv) ----------------------------------------
+
+def adapted_policy_and_long_prompt():
+    """The tiny policy with a LoRA adapter on attention whose B matrices are random, and a prompt
+    longer than the tiny GPT-OSS's sliding window (32)."""
+    model, tok = tiny_policy()
+    torch.manual_seed(0)
+    model = lm.add_lora(model, rank=4, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        device=torch.device("cpu"))
+    with torch.no_grad():  # a fresh adapter's B is zero, which would hide half the gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    prompt = tok.encode("speedup: " + " ".join(f"tile{i} warp{i % 7}" for i in range(12)))
+    assert len(prompt) > 40
+    return model, tok, prompt
+
+
+def test_shared_prompt_forward_gives_the_same_logprobs_and_gradient():
+    """One prompt forward serving a group (lm.prompt_kv) changes nothing but the cost: the
+    same log-probs and adapter gradient as running each sample's whole sequence, with the prompt
+    longer than the tiny GPT-OSS's sliding window (32) and samples one micro-batch each."""
+    model, tok, prompt = adapted_policy_and_long_prompt()
+    group = [{"prompt": prompt, "completion": c} for c in ([5, 9], [7, 7, 3, 300], [12, 0, 44, 8, 2])]
+    weights = torch.tensor([0.5, -1.0, 2.0])
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grads():
+        out = [p.grad.clone() for p in params]
+        model.zero_grad(set_to_none=True)
+        return out
+    whole = lm.completion_logprobs(model, lm.collate(group, 0, "cpu"))
+    (whole.sum(-1) * weights).sum().backward()
+    expected = grads()
+    kv = lm.prompt_kv(model, prompt)
+    leaves = lm.detached(kv)
+    for i, s in enumerate(group):
+        logp = lm.completion_logprobs(model, lm.collate([s], 0, "cpu"), prefix=leaves)
+        n = len(s["completion"])
+        assert torch.allclose(logp[0], whole[i, :n], atol=1e-5)
+        (logp.sum() * weights[i]).backward()
+    lm.backward_prompt(kv, leaves)
+    shared = grads()
+    assert any(g.abs().sum() > 0 for g in expected)
+    for a, b in zip(expected, shared):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    # without the prompt's part of the gradient the result is wrong: the check has teeth
+    assert not all(torch.allclose(a, torch.zeros_like(a), atol=1e-6) for a in expected[:4])
 
 
 # ---- one copy of the weights, adapter on and off ----------------------------------------------
