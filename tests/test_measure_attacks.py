@@ -94,6 +94,9 @@ def test_a_claimed_speedup_needs_the_parents_clock_to_agree(attack, monkeypatch)
     it claimed 8x, and a rule kept for claims above 10x let it through)."""
     monkeypatch.setattr(measure, "CLOCK_FLOOR_REL", 1e9)
     m = attack("timer_via_gc")
+    if m.status == "rejected":  # under heavy load the parent's clock itself missed once (a 1079x
+        assert "did not reproduce" in m.message, m.message  # claim): the confirmation run caught it
+        return
     assert m.status == "ok", m.message
     assert m.speedup < HONEST, m.cases
     assert any("parent's clock is taken" in f for f in m.flags), m.flags
