@@ -103,12 +103,11 @@ def test_a_claimed_speedup_needs_the_parents_clock_to_agree(attack, monkeypatch)
     assert any("parent's clock is taken" in f for f in m.flags), m.flags
 
 
-@pytest.mark.parametrize("name", ["timer_via_gc", "timer_a_quarter"])
-def test_on_cpu_a_claim_above_2x_is_measured_twice(attack, monkeypatch, name):
+def test_on_cpu_a_claim_above_2x_is_measured_twice(attack, monkeypatch):
     """Both tests of the parent's clock blinded in the first measurement only, as a heavily loaded
-    CPU can blind them by chance: a forged timer's claim above 2x (hundreds of x, or a modest 4x
-    that a GPU measurement would not confirm) is measured a second time, in a fresh worker, where
-    the clock sees the work and the claim does not reproduce."""
+    CPU can blind them by chance: a forged timer's modest 4x claim (below the 10x that a GPU
+    measurement confirms) is measured a second time, in a fresh worker, where the clock sees the
+    work and the claim does not reproduce."""
     once, blinded = measure._measure_once, []
 
     def first_blinded(**run):
@@ -117,7 +116,7 @@ def test_on_cpu_a_claim_above_2x_is_measured_twice(attack, monkeypatch, name):
         monkeypatch.setattr(measure, "PARENT_CLOCK_SLACK", math.inf if blinded[-1] else 2.0)
         return once(**run)
     monkeypatch.setattr(measure, "_measure_once", first_blinded)
-    m = attack(name)
+    m = attack("timer_a_quarter")
     assert blinded == [True, False]
     assert m.status == "rejected" and "did not reproduce" in m.message, (m.status, m.message)
 
