@@ -13,9 +13,7 @@ def test_split_attention_after_a_prefix_is_sdpa():
     import types
     import torch
     import prefix_attention
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from tiny_models import tiny_tokenizer
     torch.manual_seed(0)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
     for width, new in ((40, 9), (5, 30)):
@@ -28,19 +26,8 @@ def test_split_attention_after_a_prefix_is_sdpa():
             got, _ = prefix_attention.prefix_attention(module, q, k, v, None, scaling=0.25, cached_prefix=width)
             plain, _ = prefix_attention.prefix_attention(module, q, k, v, None, scaling=0.25)
         assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(plain, want, atol=1e-3)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-                                         eos_token_id=0, bos_token_id=None, initializer_range=0.5,  # answers that feel the attention
-                                         attn_implementation="sdpa")).eval()
-    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny llama", batch_size=1)
-    assert model.config._attn_implementation == prefix_attention.PREFIX_SDPA
-    shared = [{"role": "system", "content": "| bin | name | speedup interval |\n" * 12}, {"role": "user", "content": "ref"}]
-    prompts = [backend.answer_prompt(shared[:1] + [{"role": "user", "content": "ref" + tail}], "", ANSWER_PREFIX)
-               for tail in (" fused", " a longer candidate kernel " * 8)]
-    full = backend.next_token_probs(prompts, DIGITS)
-    reused = backend.next_token_probs(prompts, DIGITS, shared=backend.answer_prompt(shared, None, ""))
-    assert backend.prefix_stats["computed"] == 1
+    backend, full, reused = forecast_over_a_prefix(torch.float32)
+    assert backend.model.config._attn_implementation == prefix_attention.PREFIX_SDPA
     for a, b in zip(full, reused):  # a random model's digits are unlikely: compare relatively
         assert a == pytest.approx(b, rel=1e-4, abs=1e-12)
 
@@ -50,19 +37,28 @@ def test_split_attention_in_bf16_keeps_the_models_dtype():
     log-sum-exps are fp32) and hands the layer bf16 back; the forecasts over a cached prefix agree
     with the full prompts' to bf16's precision."""
     import torch
+    _, full, reused = forecast_over_a_prefix(torch.bfloat16)
+    for a, b in zip(full, reused):
+        assert sum(a) > 0 and a == pytest.approx(b, rel=0.1, abs=0.01)
+
+
+def forecast_over_a_prefix(dtype):
+    """A tiny Llama (SDPA) backend in `dtype` forecasting two prompts one row at a time, whole and
+    over their cached shared prefix: (backend, full probabilities, reused probabilities); the
+    prefix is computed once."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from tiny_models import tiny_tokenizer
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-                                         eos_token_id=0, bos_token_id=None, initializer_range=0.5,
-                                         attn_implementation="sdpa")).eval().to(torch.bfloat16)
-    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny llama bf16", batch_size=1)
+                                         eos_token_id=0, bos_token_id=None, initializer_range=0.5,  # answers that feel the attention
+                                         attn_implementation="sdpa")).eval().to(dtype)
+    backend = TransformersBackend(model=model, tokenizer=tiny_tokenizer(), name="tiny llama", batch_size=1)
     shared = [{"role": "system", "content": "| bin | name | speedup interval |\n" * 12}, {"role": "user", "content": "ref"}]
     prompts = [backend.answer_prompt(shared[:1] + [{"role": "user", "content": "ref" + tail}], "", ANSWER_PREFIX)
                for tail in (" fused", " a longer candidate kernel " * 8)]
     full = backend.next_token_probs(prompts, DIGITS)
     reused = backend.next_token_probs(prompts, DIGITS, shared=backend.answer_prompt(shared, None, ""))
     assert backend.prefix_stats["computed"] == 1
-    for a, b in zip(full, reused):
-        assert sum(a) > 0 and a == pytest.approx(b, rel=0.1, abs=0.01)
+    return backend, full, reused
