@@ -264,13 +264,17 @@ def test_template_backend_batches_like_single_rows():
     assert rows[1] == pytest.approx(single[0], abs=1e-5)
 
 
-def test_embedded_dtype_is_bf16_only_on_cpus_with_bf16_matrix_units(monkeypatch):
+def test_embedded_dtype_is_bf16_only_on_cpus_that_compute_bf16_natively(monkeypatch):
     import torch
-    for amx, want in ((True, torch.bfloat16), (False, torch.float32)):
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+    # AMX tiles (Intel Sapphire Rapids on) or AVX512-BF16 (AMD Zen 4 on, Intel Cooper Lake): bf16
+    for amx, avx512_bf16, want in ((True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                   (True, True, torch.bfloat16), (False, False, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         assert embedded_dtype() == embedded_dtype("auto") == want
         assert embedded_dtype("float32") == torch.float32 and embedded_dtype("bfloat16") == torch.bfloat16
-    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")  # a torch without the query: the exact numbers
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")  # a torch without the queries: the exact numbers
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     assert embedded_dtype() == torch.float32
     with pytest.raises(ValueError, match="float16"):
         embedded_dtype("float16")
