@@ -29,6 +29,10 @@ Two read-outs of the forecast distribution:
     parse. Default for the embedded SmolLM2, with no reasoning: a 135M model writes no usable
     JSON, but its next-token distribution is always defined.
 
+A learned cost model (costmodel.py: gradient-boosted trees on features of the code, Ansor's kind
+of surrogate) forecasts the same Forecast without a language model: `--costmodel DIR` (a folder
+from train_costmodel.py) replaces the backend, for one candidate or for --eval.
+
 The forecast and its parser (Forecast, parse_answer) are in forecast_answer.py, the prompt
 (build_messages, the hardware table, the answer tool's schema) in forecast_prompt.py, and the
 backends (local transformers incl. GPT-OSS in harmony format, an OpenAI-compatible server, the
@@ -49,6 +53,7 @@ from dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import (HARDWARE_PROFILES, PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware,
                              shared_messages)
+from costmodel import CostModel, CostModelForecaster
 from forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
 from lm import DEFAULT_MODEL, REASONING_EFFORTS
 from records import cache_dir, write_atomic
@@ -325,9 +330,13 @@ def build_parser():
                         "default otherwise")
     p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
     p.add_argument("--embedded-dtype", choices=EMBEDDED_DTYPES, default="auto",
-                   help="the embedded model's dtype; auto: bfloat16 on CPUs with AMX (bf16 matrix units, ~3x "
-                        "faster), float32 elsewhere; float32 gives exact numbers (bf16 moves probabilities by "
+                   help="the embedded model's dtype; auto: bfloat16 on CPUs that compute it natively (AMX "
+                        "or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere; float32 gives exact numbers (bf16 moves probabilities by "
                         "up to ~0.02)")
+    p.add_argument("--costmodel", metavar="DIR",
+                   help="forecast with a learned cost model (gradient-boosted trees on features of the code, "
+                        "trained by train_costmodel.py into DIR) instead of a language model; with --eval its "
+                        "prediction rows score beside an LLM's in metrics.py (pass both files)")
     p.add_argument("--json", action="store_true", help="print the forecast as JSON")
     return p
 
@@ -364,6 +373,24 @@ def main(argv=None, backend=None):
         max_new = args.max_new_tokens or (16384 if paper else 4096)
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
+        if args.costmodel:  # the trees replace the language model: no backend, no prompt
+            llm_only = [f"--{k.replace('_', '-')}" for k in ("server", "model", "adapter", "embedded", "abstain", "readout")
+                        if getattr(args, k)]
+            if llm_only:
+                raise ValueError(f"{', '.join(llm_only)} configure a language model, which --costmodel replaces; drop them")
+            hardware = hardware_info(args.hardware or "a100-80gb") if args.eval else hardware_info(args.hardware)
+            model = CostModel.load(args.costmodel)
+            fc = CostModelForecaster(model, hardware=hardware, name=f"costmodel {args.costmodel}")
+            cpu = model.info.get("cpu_rows", 0)
+            print(f"forecaster: cost model {args.costmodel} (LightGBM trees on features of the code; "
+                  "train_costmodel.py)" + (f"; {cpu} of its {model.info.get('rows')} training rows are CPU times of "
+                                          "interpreted kernels, not GPU times" if cpu else ""), file=sys.stderr)
+            if args.eval:
+                n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 256)
+                print(f"wrote {n} prediction rows to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                return 0
+            f = fc.forecast_many(args.task, reference, [candidate])[0]
+            return _show(f, args, gate)
         backend = backend or choose_backend(server=args.server, model=args.model, embedded=args.embedded,
                                             adapter=args.adapter, api_key=args.api_key,
                                             reasoning_effort=args.reasoning_effort, batch_size=args.batch_size,
@@ -389,9 +416,14 @@ def main(argv=None, backend=None):
                   f"{prefix})", file=sys.stderr)
             return 0
         f = fc.forecast_many(args.task, reference, [candidate])[0]
-    except (ValueError, RuntimeError, OSError) as e:  # ModelNotFound is a RuntimeError
+    except (ValueError, RuntimeError, OSError) as e:  # ModelNotFound is a RuntimeError; CostModelError a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return _show(f, args, gate)
+
+
+def _show(f, args, gate):
+    """Print one forecast and the gate's decision; the exit status."""
     decision = gate.decide(f)
     if args.json:
         print(json.dumps({**f.to_dict(), "gate": decision, "gate_score": args.gate_score,
@@ -401,7 +433,8 @@ def main(argv=None, backend=None):
     elif f.deferred:
         print(f"the model deferred ({f.model}): {f.reasoning}; gate: defer (measure on the GPU)")
     else:
-        print(f"{args.task}: {args.candidate} vs {args.reference or 'the seed kernel'} ({f.model}, {f.readout} read-out)")
+        how = f"{f.model}, {f.readout} read-out" if f.readout else f.model
+        print(f"{args.task}: {args.candidate} vs {args.reference or 'the seed kernel'} ({how})")
         print(bar_chart(f))
         print(f"expected speedup ~{2 ** f.expected_log2_speedup:.2f}x (expected bin {f.expected_bin:.2f}); "
               f"predicted bin {f.predicted_bin}" + (f", the model said {f.stated_bin}" if f.bin_disagrees else ""))

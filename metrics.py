@@ -1,6 +1,6 @@
 """metrics.py: how good is a forecaster? Every dataset score, and the command line that prints them.
 
-`python metrics.py PREDICTIONS.jsonl [--rows ROWS.jsonl] [--protocol ours|paper] [--plots DIR]
+`python metrics.py PREDICTIONS.jsonl [MORE.jsonl ...] [--rows ROWS.jsonl] [--protocol ours|paper] [--plots DIR]
 [--json]` reads prediction rows (ours or the paper's published format; dataset.py), splits them by
 forecaster and prints, per forecaster and per task, the paper's scores. The score of one forecast
 (the bins, Brier, CRPS, NLL, confidence) is in bins.py; calibration and selective prediction in
@@ -375,8 +375,9 @@ def build_parser():
     ap = argparse.ArgumentParser(
         description="Score forecasts: accuracy, calibration, selective risk and speedup recovered "
                     "under a measurement budget, per forecaster and per task.")
-    ap.add_argument("predictions", help="predictions in JSON Lines: our prediction rows or the "
-                                        "paper's published format (detected per line)")
+    ap.add_argument("predictions", nargs="+", help="predictions in JSON Lines: our prediction rows or the "
+                                                   "paper's published format (detected per line); several files "
+                                                   "(e.g. an LLM's and a cost model's) are scored side by side")
     ap.add_argument("--rows", help="the paper's eval-set rows (JSON Lines), joined on "
                                    "comparison_id to get true_bin, aggregated_speedup and pack")
     ap.add_argument("--protocol", choices=PROTOCOLS, default="ours",
@@ -407,7 +408,7 @@ def main(argv=None):
         return 2
     bin_rule = "stated" if args.protocol == "paper" else (args.bin_rule or "argmax")
     try:
-        rows = load_predictions(args.predictions, args.rows, bin_rule)
+        rows = [r for path in args.predictions for r in load_predictions(path, args.rows, bin_rule)]
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

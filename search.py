@@ -8,7 +8,9 @@ Then every step of the search runs these phases, in this order (Search.run):
   2. Mutate. A mutator proposes children of each parent: an LLM given the parent's code and its
      measured feedback (LLMMutator), or, with no LLM at hand, the task's hand-written variants and
      edits of their `# tune:` constants (CatalogMutator). Code proposed before is dropped.
-  3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference.
+  3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference: a
+     language model, or with --forecaster costmodel a learned cost model (costmodel.py) that is
+     refit on the search's measured kernels so far, as Ansor's is.
   4. Gate. The gate decides which children deserve a real measurement (--gate; search_gate.py):
      none (measure every mutation: the paper's standard search), topk (measure the k best by
      expected bin: its surrogate-filtered search, 16 forecast, 4 measured per parent) or
@@ -164,10 +166,17 @@ class Args:
                                   "measurements then leave out when there are several")
     no_memory_check: bool = flag(False, "skip the start-up check that the LLM and the measure workers fit in "
                                  "the GPU's memory (its worker figure is an estimate)")
+    forecaster: str = flag("llm", "llm: a language model forecasts each child (a server, a local model, or the "
+                           "embedded SmolLM2 on CPU); costmodel: a learned cost model (LightGBM trees on features "
+                           "of the code, costmodel.py) refit on this search's own measured kernels before each "
+                           "forecast, deferring every child to measurement until it has --costmodel-min-labels",
+                           choices=("llm", "costmodel"))
+    costmodel_min_labels: int = flag(5, "with --forecaster costmodel: measured kernels (the seed's included) before "
+                                     "the cost model gates; until then every child is measured")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
                                  "verbalized", choices=("verbalized", "logits"))
-    embedded_dtype: str = flag("auto", "dtype of the embedded CPU forecaster; auto: bfloat16 on CPUs with AMX "
-                               "(~3x faster), float32 elsewhere (exact numbers)", choices=EMBEDDED_DTYPES)
+    embedded_dtype: str = flag("auto", "dtype of the embedded CPU forecaster; auto: bfloat16 on CPUs that compute "
+                               "it natively (AMX or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere (exact numbers)", choices=EMBEDDED_DTYPES)
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
                                choices=("benchmark", "cpu"), logged=True)
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
@@ -209,6 +218,9 @@ def parse_args(argv=None):
             raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
     if args.parse_retries is not None and args.parse_retries < 0:
         raise SearchError(f"--parse-retries must be at least 0, got {args.parse_retries}")
+    if args.costmodel_min_labels < 2:
+        raise SearchError(f"--costmodel-min-labels must be at least 2 (its calibration holds kernels out), got "
+                          f"{args.costmodel_min_labels}")
     if args.forecast_reward and args.gate != "confidence":
         raise SearchError("--forecast-reward needs --gate confidence: only a forecast the selective gate "
                           "trusts may stand in for a measurement")
@@ -260,13 +272,16 @@ class Search:
     pool.submit(task, source, **measure_kwargs) -> a Future of {measurement: dict, worker,
     started, ended, seconds} (measure_pool.py; a MeasurePool around a scripted measure function),
     forecaster.forecast_many(task, anchor_code, codes) -> objects with probs, parse_failed and
-    to_dict(). forecaster_name is recorded in the event log (one log holds one search)."""
+    to_dict(). forecaster_name is recorded in the event log (one log holds one search). online: the
+    forecaster learns from the search (costmodel.CostModelForecaster): forecaster.learn(rows) is handed
+    the training rows measured so far before each forecast."""
 
     def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
-                 forecaster_name="", measure_kwargs=None, llm_waits=False, progress=True, say=print):
+                 forecaster_name="", measure_kwargs=None, llm_waits=False, online=False, progress=True, say=print):
         self.args, self.out = with_protocol_defaults(args), Path(out_dir)
         self.seed_code, self.mutator, self.pool = seed_code, mutator, pool
         self.forecaster, self.forecaster_name = forecaster, forecaster_name
+        self.online = online  # the forecaster learns from this search's measurements (the cost model)
         self.measure_kwargs, self.progress, self.say = dict(measure_kwargs or {}), progress, say
         self.llm_waits = llm_waits  # a local LLM shares a GPU with the measurements
         if args.gate != "none" and forecaster is None:
@@ -467,6 +482,10 @@ class Search:
 
     def _forecast(self, codes):
         t = time.perf_counter()
+        # Ansor's loop: an online surrogate refits on every kernel measured so far. Only a live
+        # forecast gets here; a replay answers from the log and never refits.
+        if self.online:
+            self.forecaster.learn(self.rows)
         fs = self.forecaster.forecast_many(self.args.task, self.seed_code, codes)
         views = [{"parse_failed": bool(f.parse_failed), "deferred": bool(getattr(f, "deferred", False)),
                   "probs": None if f.probs is None else [float(p) for p in f.probs],
@@ -549,7 +568,7 @@ def run_one(args, gate, out, env, say=print):
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
                     pool=env.pool, forecaster=env.forecaster,
                     forecaster_name=env.forecaster_name if gate != "none" else "",
-                    measure_kwargs=env.measure_kwargs, llm_waits=env.llm_waits,
+                    measure_kwargs=env.measure_kwargs, llm_waits=env.llm_waits, online=env.online and gate != "none",
                     progress=not args.no_progress, say=say)
     return search.run()
 

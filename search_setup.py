@@ -11,7 +11,7 @@ why, so a plain `python search.py --task cross_entropy` runs anywhere:
   mutator's model with the adapter is the same weights, switched: one copy in memory), or the
   embedded SmolLM2, which cannot judge kernels but exercises the pipeline; its prompt is the
   protocol's, the abstain tool offered with --abstain, a failed forecast retried --parse-retries
-  times;
+  times; or, with --forecaster costmodel, a learned cost model that the search refits online;
 - the budget and the mutations per parent, smaller without an LLM or a GPU;
 - the sandbox: checked at start-up, not at the first measurement minutes later;
 - where measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N
@@ -25,6 +25,7 @@ are all answered from its event log builds none.
 import functools
 from dataclasses import dataclass
 
+from costmodel import CostModelForecaster
 from forecast_prompt import hardware_info
 from forecaster import Forecaster
 from lm import DEFAULT_MODEL, ModelNotFound
@@ -51,6 +52,7 @@ class Setup:
     measure_kwargs: dict     # scale, sandbox and timeout for measure.measure
     pool: object             # measure_pool.MeasurePool or RayPool: where measurements run
     llm_waits: bool = False  # a local LLM shares a GPU with the measurements: no overlap
+    online: bool = False     # the forecaster learns from the search's measurements (the cost model)
 
 
 class Lazy:
@@ -117,7 +119,14 @@ def setup(args, say=print):
             raise SetupError(str(e)) from None
     llm, llm_name, adapted = None, None, None
     gated = args.gate != "none" or args.compare
-    want_llm = args.mutator != "catalog" or gated
+    costmodel = gated and args.forecaster == "costmodel"
+    if costmodel:
+        llm_only = [f"--{k.replace('_', '-')}" for k in ("forecaster_model", "adapter", "readout", "abstain")
+                    if getattr(args, k)]
+        if llm_only:
+            raise SetupError(f"{', '.join(llm_only)} configure the LLM forecaster, which --forecaster costmodel "
+                             "replaces; drop them")
+    want_llm = args.mutator != "catalog" or (gated and not costmodel)
     if args.server:
         llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
         llm_name = f"{args.server_model} at {args.server}"
@@ -154,7 +163,17 @@ def setup(args, say=print):
         say(f"mutator: offline catalog (the task's hand-written variants and `# tune:` edits): {why}")
 
     forecaster, forecaster_name = None, ""
-    if gated:
+    if costmodel:
+        # cheap to build (no model until it has labels), so not Lazy: the search hands it its rows
+        n = args.costmodel_min_labels
+        forecaster = CostModelForecaster(hardware=hardware_info() if scale == "benchmark" else hardware_info("cpu"),
+                                         online=True, min_labels=n, seed=args.seed, name="costmodel (online)")
+        forecaster_name = f"costmodel (online, LightGBM, gates from {n} labels)"
+        say(f"forecaster: learned cost model (LightGBM trees on features of the code), refit on this search's "
+            f"measured kernels before each forecast; until it has {n} of them (the seed's included) it defers "
+            "every child to measurement (--costmodel-min-labels)"
+            + ("; its labels are CPU times of interpreted kernels, not GPU times" if scale == "cpu" else ""))
+    elif gated:
         if args.forecaster_model:
             local_model(args.forecaster_model)
             fname, build = args.forecaster_model, lambda: b.TransformersBackend(
@@ -187,6 +206,8 @@ def setup(args, say=print):
         gated_mutations = CPU_GATED_MUTATIONS
         say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
             "--mutations 16 once a real forecaster is at hand)")
+    elif costmodel and args.mutations is None:
+        say(f"mutations: {gated_mutations} per parent with a gate (a cost model's forecast takes milliseconds)")
     real = (mutator_name.startswith("llm") and scale == "benchmark") or paper
     budget = args.budget or (PAPER_BUDGET if real else CPU_BUDGET)
     if args.budget is None and not real:
@@ -224,7 +245,7 @@ def setup(args, say=print):
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
                  gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
-                 llm_waits=llm_waits)
+                 llm_waits=llm_waits, online=costmodel)
 
 
 # ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------
