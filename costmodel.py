@@ -166,13 +166,14 @@ def forecast_scores(P, true_bins):
                for name, fn in (("brier", bins.brier), ("crps", bins.crps), ("nll", bins.nll))}}
 
 
-def fold_of(groups, seed):
-    """Each row's fold: the distinct groups dealt round-robin in a seeded random order."""
+def fold_of(groups, seed, folds=FOLDS):
+    """(each row's fold, the number of folds): the distinct groups dealt round-robin in a seeded
+    random order into `folds` folds (fewer when there are fewer groups)."""
     distinct = np.unique(groups)
     if len(distinct) < 2:
         raise CostModelError("every row has the same candidate code: held-out calibration needs at least 2 "
                              "distinct candidates; add rows of other kernels")
-    k = min(FOLDS, len(distinct))
+    k = min(folds, len(distinct))
     order = np.random.default_rng(seed).permutation(distinct)
     where = {g: i % k for i, g in enumerate(order)}
     return np.array([where[g] for g in groups]), k

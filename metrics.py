@@ -316,16 +316,35 @@ def _discovery_line(d):
             f"{_fmt(d['recall'], 0)}, base rate {_fmt(d['base_rate'], 0)} ({d['discoveries']} of {d['n']} pairs)")
 
 
+def _line(label, s):
+    """One row of format_report's table: a forecaster's (or a task's) scores under our protocol."""
+    sr = s["speedup_recovered"]["mean"] if s.get("speedup_recovered") else None
+    vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
+            s["ece"], s["aurc"]["maxprob"], s["selective_risk_50"], sr)
+    return f"{label:<20}{s['n']:>7}" + "".join(_fmt(v) for v in vals)
+
+
+def _paper_line(label, s):
+    vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
+            s["ece"], s["aurc"], s["selective_risk_at_50"], s.get("speedup_recovered"))
+    return f"{label:<20}{s['n']:>7.0f}" + "".join(_fmt(v) for v in vals)
+
+
+def format_side_by_side(reports, protocol="ours"):
+    """Several forecasters' overall scores in one table (e.g. an LLM and the cost model on one
+    set of rows), a row each, the name cut to the column and listed below in full."""
+    lines = _header("side by side, overall")
+    for k, (name, rep) in enumerate(reports.items(), 1):
+        label = f"{k}. {name}"[:19]
+        lines.append(_line(label, rep) if protocol == "ours" else _paper_line(label, rep["overall"]))
+    lines += [f"  {k}. {name}" for k, name in enumerate(reports, 1)]
+    return "\n".join(lines)
+
+
 def format_report(name, rep):
     """A readable table in the spirit of the paper's: overall, per task, budgets, repeats."""
     lines = _header(name)
-
-    def line(label, s):
-        sr = s["speedup_recovered"]["mean"] if s.get("speedup_recovered") else None
-        vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
-                s["ece"], s["aurc"]["maxprob"], s["selective_risk_50"], sr)
-        return f"{label:<20}{s['n']:>7}" + "".join(_fmt(v) for v in vals)
-
+    line = _line
     lines.append(line("overall", rep))
     if rep.get("deferral_rate"):  # the abstain variant: deferrals are answers, never trusted
         lines.append(f"{'  deferred':<20}{rep['deferral_rate']:>7.3f} of the rows by the model's own "
@@ -355,11 +374,7 @@ def format_report(name, rep):
 def format_paper_report(name, rep):
     """The paper protocol's table: overall, per task, per repeat and the mean over repeats."""
     lines = _header(name)
-
-    def line(label, s):
-        vals = (s["parse_rate"], s["accuracy"], s["off_by_one"], s["brier"], s["crps"], s["nll"],
-                s["ece"], s["aurc"], s["selective_risk_at_50"], s.get("speedup_recovered"))
-        return f"{label:<20}{s['n']:>7.0f}" + "".join(_fmt(v) for v in vals)
+    line = _paper_line
 
     lines.append(line("overall", rep["overall"]))
     lines += [line("  " + task, s) for task, s in rep["tasks"].items()]
@@ -432,6 +447,8 @@ def main(argv=None):
     elif args.protocol == "paper":
         print("protocol: paper (the original's definitions, docs/FIDELITY.md)\n")
         print("\n\n".join(format_paper_report(name, rep) for name, rep in reports.items()))
+        if len(reports) > 1:
+            print("\n" + format_side_by_side(reports, "paper"))
         print("\nscored bin = the stated bin; brier = half-Brier; crps = ranked probability score / 7; "
               "brier/crps/nll score a parse failure as uniform; acc, ece over parsed rows; aurc = "
               "trapezoid over the covered range (max-prob = p[stated bin], bin mismatch); r@50% = "
@@ -440,6 +457,8 @@ def main(argv=None):
         print(f"protocol: ours ({bin_rule} bin scored; --protocol paper for the original's "
               "definitions, docs/FIDELITY.md)\n")
         print("\n\n".join(format_report(name, rep) for name, rep in reports.items()))
+        if len(reports) > 1:
+            print("\n" + format_side_by_side(reports))
         print("\nbrier = half-Brier; crps = ranked probability score / 7; brier/crps/nll score a "
               "parse failure as uniform; acc, ece over parsed rows; aurc over max-prob; r@50% = "
               "risk of the max-prob gate trusting half the rows; SR = speedup recovered, mean "

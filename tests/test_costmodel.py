@@ -164,6 +164,8 @@ def test_metrics_scores_an_llm_and_the_cost_model_side_by_side(trained, hidden_p
     assert metrics.main([str(llm), str(hidden_preds)]) == 0
     out = capsys.readouterr().out
     assert "== some-llm [logits]" in out and f"== costmodel {trained / 'model'}" in out
+    table = out.split("== side by side, overall")[1].splitlines()  # and one table with a row each
+    assert table[2].startswith("1. costmodel") and table[3].startswith("2. some-llm")
 
 
 # ---- bad input: one line, nothing half-written ------------------------------------------------------------
