@@ -3,17 +3,18 @@
 Every number in this project (the forecaster's labels, the GRPO rewards, the search's decisions)
 stands on the speedups measured here, S = reference_time / candidate_time, and a kernel search
 feeds this file code that an LLM wrote and that reinforcement learning rewards for anything that
-gets through. So the harness treats a candidate as hostile, and puts the trust boundary between
-processes, never inside one (docs/MEASUREMENT.md lists each attack, its defence and its test):
+gets through. So the harness treats a candidate as hostile, and nothing the verdict rests on comes
+from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence and its test):
 
-  parent (this file)       draws the seeds, picks which calls to verify, reads the clock that
-                           bounds every timing, decides the status, writes the cache. It never
-                           imports, unpickles or runs candidate code.
-  reference worker         trusted, never loads a candidate: makes the inputs of a seed, runs and
-                           times the reference, and checks the candidate's output bytes against
-                           its own outputs for the same inputs (measure_worker.py).
-  candidate worker         untrusted, in a bubblewrap sandbox (measure_sandbox.py): loads the
-                           candidate, makes the same inputs, runs and times it, hands bytes over.
+  parent (this file)       draws the seeds, picks which calls to verify, owns the clock, decides
+                           the status, writes the cache. It never imports, unpickles or runs
+                           candidate code, and reads the workers' replies with a typed parser.
+  reference worker         trusted, never loads a candidate: makes the inputs, runs and times the
+                           reference, and checks the candidate's output bytes against its own
+                           outputs for the same inputs (measure_worker.py).
+  candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
+                           own cgroup): loads the candidate, runs it on the same inputs, hands
+                           bytes over when asked. Its own timer is never read.
 
 The measurement, one candidate:
 1. Load. A fresh sandboxed worker imports the candidate. Only then does the parent draw seeds, so
@@ -21,23 +22,30 @@ The measurement, one candidate:
 2. Correctness. Two seeds of every timed case and one of every extra check case, each run on both
    sides; the candidate's outputs must be plain contiguous tensors of the reference's dtype, shape
    and device, its inputs unchanged, its values within the task's tolerance of the reference's.
-3. Timing, case by case, in blocks of n calls on fresh seeds, reference and candidate blocks
-   interleaved. After a block's calls return, the parent picks one call and two random keys; the
-   worker answers with an integer fingerprint of that call's outputs (and inputs), which stops the
-   parent's clock, then hands the bytes over; the reference worker checks them and their
-   fingerprint. So timed calls are verified too, with no global state that differs between a
-   checked call and a timed one, and work cannot be deferred past the clock.
-4. The clock. Inside a worker, times come from CUDA events (GPU; L2 flushed before every call,
-   end event right after the call) or the wall clock (CPU). The parent's monotonic clock around
-   each whole block, less the harness's own share of a block (measured on the trusted reference
-   side), is the authority: a candidate cannot appear faster than it allows.
+3. Timing, case by case, in windows of a few calls on fresh inputs, the reference's window and
+   the candidate's on the same inputs one after the other, in a random order. The inputs are the
+   trusted side's: on CPU the reference worker writes each call's to a file that the candidate
+   maps read-only, linked where it can see it only as its window starts; on a GPU the candidate
+   makes them from seeds it learns as its block starts. Before a window's reply leaves, the
+   candidate fingerprints every call's outputs (on a GPU with numbers drawn after the calls
+   returned), and afterwards the parent picks a call whose bytes the reference worker checks
+   against that fingerprint and its own outputs (a call of every block on CPU, of a random
+   quarter on a GPU). Work cannot be deferred past a window, and garbage risks detection.
+4. The clock is the parent's. A window's time is what the parent saw around it: on CPU the CPU
+   time of the sandbox's cgroup (every thread and process the candidate ever started, reaped or
+   not) from the window's command to its reply; on a GPU the wall clock from the block's command
+   to its fingerprint, which follows a device synchronisation. Both sides of a comparison run on
+   one CPU core. The reference's time per call is the lower quartile of its own (trusted) timer;
+   the candidate's is that plus the median over pairs of its window less the reference's, in
+   which the harness's share of a window and the machine's drift cancel. On CPU, the CPU time the
+   candidate's sandbox used between its windows beyond what the reference's did is charged to
+   it. Noise: a bootstrap over the pairs; a speedup within twice that of 1.0 says so.
 5. Plausibility. On a GPU, a time below the task's unavoidable memory traffic (`min_bytes`) at the
-   device's bandwidth is impossible and rejected; a speedup above CONFIRM_SPEEDUP (10x on a GPU,
-   2x on CPU) is measured again in a fresh worker before it is reported.
+   device's bandwidth is impossible and rejected; a speedup above CONFIRM_SPEEDUP is measured
+   again in a fresh worker, and the slower figure stands.
 
-speedup = geometric mean over the timed cases of median(reference_ms) / median(candidate_ms)
-(the paper's reward). On CPU, Triton runs in its interpreter and the times are wall clock: they
-exercise the machinery and say nothing about GPU speed.
+speedup = geometric mean over the timed cases (the paper's reward). On CPU, Triton runs in its
+interpreter and the times are CPU time: they exercise the machinery and say nothing about GPU speed.
 
 Usage:
     python measure.py --task cross_entropy --candidate tasks/kernels/cross_entropy/fused_online.py --json
@@ -48,44 +56,48 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from measure_sandbox import EXCHANGE, WorkerFailed, require_sandbox, workers
+from measure_channel import WorkerFailed, new_token, pin, printable, workers
+from measure_sandbox import require_sandbox
 from measure_worker import case_str
 from records import cache_dir, write_atomic
 
-HARNESS_VERSION = "2.0"
+HARNESS_VERSION = "3.0"
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
-# Peak DRAM bandwidth (bytes/s) of GPUs we know; the physical bound uses the larger of this and
-# the copy bandwidth the reference worker measured.
-PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12, "L40S": 0.864e12}
-# Above this speedup a second, fresh measurement must agree. On CPU a measurement costs seconds
-# and a heavily loaded machine can blind the parent's clock (docs/MEASUREMENT.md), so every claim
-# of more than 2x is measured twice there; on a GPU only extraordinary ones.
-CONFIRM_SPEEDUP = {"cuda": 10.0, "cpu": 2.0}
-# The smallest excess of a candidate block over its paired reference block (in ms) that the
-# parent's clock acts on: below it lies the noise of pipes and scheduling.
-CLOCK_FLOOR_MS = {"cuda": 0.05, "cpu": 0.3}
-CLOCK_FLOOR_REL = 0.1
-# A case that claims to beat the reference is credited with at least 1 / PARENT_CLOCK_SLACK of
-# what the parent's clock saw of its calls.
-PARENT_CLOCK_SLACK = 2.0
-# A timed block holds enough calls that the reference's compute in it (BLOCK_MS) stands well above
-# the noise of the parent's clock, within a memory budget for the block's inputs and outputs.
+# Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
+# is its fastest variant, since a floor must never be above what the card can do. The physical
+# bound uses the larger of this and the copy bandwidth the reference worker measured.
+PEAK_BANDWIDTH = [("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12),
+                  ("GB200", 8.0e12), ("B200", 8.0e12), ("A100 80GB PCIe", 1.935e12), ("A100", 2.039e12),
+                  ("L40S", 0.864e12), ("L40", 0.864e12), ("L4", 0.3e12)]
+# Above this speedup a second, fresh measurement is taken and the slower of the two stands: an
+# extraordinary claim should not rest on one run of a noisy machine.
+CONFIRM_SPEEDUP = {"cuda": 10.0, "cpu": 10.0}
+# Share of timed blocks whose picked call is handed over and checked in full (every correctness
+# block is): on a GPU a handover moves up to a gigabyte, so a random quarter there, unknown to the
+# candidate until its calls are committed.
+VERIFY_SHARE = {"cuda": 0.25, "cpu": 1.0}
+# The reference's figure over a case's windows (see case_times): the lower quartile of its compute.
+QUANTILE = 0.25
+# A timed window holds enough calls that the compute in it (BLOCK_MS) stands well above the noise
+# of the parent's clock and of the harness's share of the window, within a memory budget for its
+# inputs and outputs. On a GPU a window is a block; on CPU a block holds WINDOWS_PER_BLOCK.
 BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}
-BLOCK_MS = {"cuda": 2.0, "cpu": 10.0}
-BLOCK_CALLS = {"cuda": 10, "cpu": 16}
+BLOCK_MS = {"cuda": 20.0, "cpu": 1.5}
+BLOCK_CALLS = {"cuda": 100, "cpu": 8}
+WINDOWS_PER_BLOCK = 4
+WARM_S = {"cuda": 0.025, "cpu": 0.15}
 REPS = {  # (seconds per case and side, min blocks, max blocks), normal and --quick
-    ("cuda", False): (2.0, 5, 20), ("cuda", True): (0.5, 3, 6),
-    ("cpu", False): (1.0, 5, 10), ("cpu", True): (0.3, 4, 5),
+    ("cuda", False): (2.0, 8, 40), ("cuda", True): (0.5, 5, 10),
+    ("cpu", False): (0.7, 5, 40), ("cpu", True): (0.05, 2, 6),
 }
 
 
@@ -94,6 +106,8 @@ class Measurement:
     task: str
     status: str
     speedup: float | None = None
+    noise: float | None = None        # standard error of log(speedup): 0.02 means about +-2%
+    within_noise: bool | None = None  # the speedup is within two standard errors of 1.0
     cases: list = dataclasses.field(default_factory=list)
     message: str = ""
     device: str = ""
@@ -102,8 +116,9 @@ class Measurement:
     flags: list = dataclasses.field(default_factory=list)
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
-    time_s: float | None = None       # the timed blocks, both sides, verification included
+    time_s: float | None = None       # the timed windows, both sides, verification included
     reference_peak_gb: float | None = None  # the trusted worker's peak memory (GPU memory on a GPU)
+    candidate_peak_gb: float | None = None  # the candidate sandbox's peak host memory (its cgroup)
     wall_s: float | None = None
     sandbox: str = ""
     source_sha256: str = ""
@@ -149,7 +164,7 @@ def screen_source(source):
     for pattern, what in BANNED:
         m = re.search(pattern, source)
         if m:
-            return f"uses {what}: {m.group(0)!r} is not allowed in a candidate"
+            return f"uses {what}: {printable(m.group(0), 80)!r} is not allowed in a candidate"
     return None
 
 
@@ -189,21 +204,21 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     scale = scale or ("benchmark" if device == "cuda" else "cpu")
     if scale not in ("benchmark", "cpu"):
         raise ValueError(f"scale must be 'benchmark' or 'cpu', got {scale!r}")
-    if not unsafe_no_sandbox:
-        require_sandbox()
+    sandbox = "none (--unsafe-no-sandbox)" if unsafe_no_sandbox else require_sandbox().describe()
     timeout_s = timeout_s or (600.0 if scale == "benchmark" else 240.0)
     memory_gb = memory_gb or (32.0 if device == "cuda" else 6.0)
     sha = hashlib.sha256(source.encode()).hexdigest()
     device_name = _device_name(device, gpu)
-    sandbox = "none (--unsafe-no-sandbox)" if unsafe_no_sandbox else "bubblewrap"
     base = dict(task=task, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
-                timer="cuda-events" if device == "cuda" else "cpu-time (Triton interpreter; not GPU times)")
+                timer=("parent clock: wall time of each block, paired with the reference's (GPU)" if device == "cuda" else
+                       "parent clock: CPU time of each sandbox per window, paired with the reference's "
+                       "(Triton interpreter; not GPU times)"))
 
     reason = screen_source(source)
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    key = hashlib.sha256(json.dumps([task, sha, device_name, scale, sandbox, HARNESS_VERSION]).encode())
+    key = hashlib.sha256(json.dumps([task, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
@@ -216,27 +231,33 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
                device_name=device_name, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
     result = _measure_once(**run)
+    cacheable = result.pop("cacheable", True)
     confirm = CONFIRM_SPEEDUP[device]
     if result["status"] == "ok" and result["speedup"] > confirm:
         again = _measure_once(**run)  # fresh worker, fresh seeds
-        if again["status"] != "ok" or not 0.5 < again["speedup"] / result["speedup"] < 2.0:
-            result = dict(status="rejected", message=(
-                f"a {result['speedup']:.1f}x speedup did not reproduce in a second, fresh measurement "
-                f"({again['status']}" + (f", {again['speedup']:.1f}x)" if again.get("speedup") else ")")))
+        cacheable = cacheable and again.pop("cacheable", True)
+        if again["status"] != "ok":
+            result, cacheable = again, False
         else:
+            apart = abs(math.log(again["speedup"] / result["speedup"]))
+            agree = apart <= 3 * math.hypot(result["noise"], again["noise"]) + math.log(1.1)
+            cacheable = cacheable and agree
             if again["speedup"] < result["speedup"]:
                 result = again
-            result["flags"].append(f"a speedup above {confirm:g}x: confirmed by a second, fresh measurement")
+            result["flags"].append(f"a speedup above {confirm:g}x: measured twice, the slower figure stands"
+                                   + ("" if agree else " (the two disagreed beyond their noise: not cached)"))
     m = Measurement(**base, **result)
     m.wall_s = round(time.perf_counter() - start, 3)
-    # Timeouts and crashes can depend on machine load and limits: measure those again next time.
-    if use_cache and m.status not in ("timeout", "crashed"):
+    # Timeouts and crashes can depend on machine load and limits, and a verdict the harness itself
+    # could not finish is not the candidate's: measure those again next time.
+    if use_cache and cacheable and m.status not in ("timeout", "crashed"):
         write_atomic(cache_file, json.dumps(m.to_dict()))
     return m
 
 
 def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memory_bytes, quick, sandboxed):
-    """One measurement in a fresh candidate worker; a dict of Measurement fields."""
+    """One measurement in a fresh candidate worker; a dict of Measurement fields (and whether the
+    verdict may be cached)."""
     ws = workers(gpu)  # this thread's workers on that GPU
     for attempt in (0, 1):
         cand = ws.candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
@@ -245,7 +266,9 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
                 ref, ready = ws.reference_worker(task, device, sandboxed)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
-            return _Session(ref, ready, cand, device, device_name, scale, timeout_s, quick).run(source)
+            for w in (ref, cand):  # both sides of every comparison on one core (measure_channel.WorkerSet)
+                pin(w, ws.core)
+            return _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick).run(source)
         except HarnessError:
             ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:
@@ -257,8 +280,9 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, ref, ready, cand, device, device_name, scale, timeout_s, quick):
-        self.ref, self.cand, self.device, self.device_name, self.quick = ref, cand, device, device_name, quick
+    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick):
+        self.ref, self.cand, self.dirs = ref, cand, dirs
+        self.device, self.device_name, self.quick = device, device_name, quick
         cases = ready["cases"]
         self.timed_cases = cases["benchmark"] if scale == "benchmark" else cases["cpu"]
         self.check_cases = cases["check"] if scale == "benchmark" else cases["cpu_check"]
@@ -266,8 +290,12 @@ class _Session:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
-        self.block_id, self.bytes_per_call, self.call_ms, self.wall_s, self.ref_peak = 0, {}, {}, 0.0, 0
-        self.files = tempfile.mkdtemp(dir=EXCHANGE, prefix="handover-")
+        self.block_id, self.bytes_per_call, self.call_ms, self.ref_peak = 0, {}, {}, 0
+        # CPU: each side's clock at the end of its last command, and the CPU time it used between
+        # commands (while the other side ran, or between calls). An honest worker waiting for its
+        # next command uses next to none; the candidate's beyond the reference's is work it hid
+        # from its windows, and is charged to it (case_times).
+        self.clock_end, self.outside_ms = {}, {"ref": 0.0, "cand": 0.0}
 
     def run(self, source):
         try:
@@ -279,193 +307,352 @@ class _Session:
             # Seeds are drawn now, after the candidate was loaded.
             for case in self.timed_cases:
                 for _ in range(2):
-                    self.pair(case, 1, cand_first=secrets.randbits(1))
+                    self.pair(case, 1, cand_first=secrets.randbits(1), verify=True)
             for case in self.check_cases:
-                self.pair(case, 1, cand_first=secrets.randbits(1))
+                self.pair(case, 1, cand_first=secrets.randbits(1), verify=True)
             t2 = time.perf_counter()
             rows = [self.time_case(case) for case in self.timed_cases]
         except WorkerFailed as e:
             return dict(status=e.status, message=e.message)
         except _Outcome as o:
-            return dict(status=o.status, message=o.message[:2000])
-        finally:
-            shutil.rmtree(self.files, ignore_errors=True)
-        speedup = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
-        return dict(status="ok", speedup=speedup, cases=rows, flags=[f for r in rows for f in r["flags"]],
+            return dict(status=o.status, message=printable(o.message))
+        except HarnessError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a reply the typed parser let through and the parent then tripped on
+            return dict(status="rejected", cacheable=False,
+                        message=printable(f"the harness could not finish this measurement ({type(e).__name__}: {e}); not cached"))
+        logs = [math.log(r["speedup"]) for r in rows]
+        speedup = math.exp(sum(logs) / len(rows))
+        noise = math.sqrt(sum(r["noise"] ** 2 for r in rows)) / len(rows)
+        within = abs(math.log(speedup)) <= 2 * noise
+        flags = [f for r in rows for f in r["flags"]]
+        if within:
+            flags.append(f"{speedup:.3f}x is within the measurement's noise of 1.0 (+-{2 * noise:.1%})")
+        return dict(status="ok", speedup=speedup, noise=noise, within_noise=within, cases=rows, flags=flags,
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
-                    time_s=round(time.perf_counter() - t2, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3))
+                    time_s=round(time.perf_counter() - t2, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3),
+                    candidate_peak_gb=round(self.cand.peak_bytes() / 2**30, 3))
 
-    # -- one pair of blocks: the same seeds on both sides, one call verified ---------------------
+    # -- one pair of blocks: the same inputs on both sides, one call verified ----------------------
 
-    def pair(self, case, n, cand_first):
-        """Run n calls on fresh seeds on both sides; verify one call of the candidate's, picked
-        after its calls ran and it committed to all of them. Returns (ref_ms, ref_window_ms,
-        cand_ms, cand_window_ms)."""
+    def pair(self, case, n, cand_first, verify, per_window=1):
+        """Run n calls on fresh inputs on both sides; verify one call of the candidate's, picked
+        after it committed to all of them (always when `verify`, else with VERIFY_SHARE). Returns
+        the trusted side's figures only: dict(ref_ms, ref_win, cand_win), lists of one figure per
+        window of the parent's clock (on a GPU one window per block, the block's sum; on CPU
+        blocks of several windows of `per_window` calls, see calls)."""
+        if self.device == "cpu":
+            return self.calls(case, n, verify, per_window)
         self.block_id += 1
         seeds = [secrets.randbits(31) for _ in range(n)]
         keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
-        sides = ("cand", "ref") if cand_first else ("ref", "cand")
-        res = {side: self.block(side, case, seeds, keys) for side in sides}
-        ref_ms, ref_win, ref_commit = res["ref"]
-        cand_ms, cand_win, commit = res["cand"]
-        self.bytes_per_call[case_str(case)] = ref_commit["bytes_per_call"]
-        # Per-call times of either side as the parent's clock sees them: they size the timed blocks.
-        per_call = max(sum(ref_ms), cand_win - (ref_win - sum(ref_ms))) / n
-        self.call_ms[case_str(case)] = min(per_call, self.call_ms.get(case_str(case), math.inf))
-        self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
-        return ref_ms, ref_win, cand_ms, cand_win
+        out = {}
+        for side in (("cand", "ref") if cand_first else ("ref", "cand")):
+            out[side] = self.block(side, case, seeds, keys)
+        ref_ms, ref_win, ref_commit = out["ref"]
+        cand_win, commit = out["cand"]
+        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
+        # Per-call time of either side as the parent sees it, the least seen (the first calls
+        # compile and warm up): it sizes the timed blocks.
+        for side, ms in (("ref", sum(ref_ms) / n), ("cand", (cand_win - (ref_win - sum(ref_ms))) / n)):
+            key = (case_str(case), side)
+            self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
+        self.check_spec(case, ref_commit["spec"], commit, n)
+        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
+            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
+        return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win])
+
+    def calls(self, case, n, verify, per_window=1):
+        """CPU: n calls on fresh inputs in windows of `per_window` calls, each window timed on its
+        own by the parent's clock (the CPU time of each side's sandbox from the window's command
+        to its reply), the two sides' windows interleaved in a random order. A window's inputs
+        appear to the candidate only as the window starts, and its reply carries the fingerprint
+        of every call's outputs, so no work can be done in another window. Then one call, picked
+        now, is checked in full (always when `verify`, else with VERIFY_SHARE). Returns
+        dict(ref_ms, ref_win, cand_win), per window (ref_ms: the reference's compute in it)."""
+        self.block_id += 1
+        bid = self.block_id
+        names = [f"{bid}-{j}-{new_token()}.bin" for j in range(n)]
+        paths = [os.path.join(self.dirs["inputs"], x) for x in names]
+        shown = [os.path.join(self.dirs["shown"], x) for x in names]
+        seeds = [secrets.randbits(31) for _ in range(n)]
+        ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
+        try:
+            layouts = self._timed("ref", {"id": bid, "op": "prepare", "case": case, "seeds": seeds, "paths": paths},
+                                  "prepared")[0]["layouts"]
+            for j in range(0, n, per_window):
+                calls = range(j, min(n, j + per_window))
+                cmd = {"id": bid, "op": "call", "case": case, "index": j}
+                for side in (("cand", "ref") if secrets.randbits(1) else ("ref", "cand")):
+                    if side == "ref":
+                        inputs = [{"path": paths[i], "layout": layouts[i]} for i in calls]
+                        reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
+                        if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
+                            raise HarnessError("the reference worker's reply lacks its times")
+                        ref_ms.append(sum(reply["ms"]))
+                        ref_win.append(window)
+                        ref_specs += reply["specs"]
+                        self.ref_bytes_per_call = reply["bytes_per_call"]
+                        for r in reply["ms"]:  # the least seen per call sizes the windows
+                            key = (case_str(case), "ref")
+                            self.call_ms[key] = min(max(r, 1e-3), self.call_ms.get(key, math.inf))
+                    else:
+                        for i in calls:  # the window's inputs appear to the candidate as it starts
+                            os.link(paths[i], shown[i])
+                        inputs = [{"path": shown[i], "layout": layouts[i]} for i in calls]
+                        reply, window = self._timed("cand", {**cmd, "inputs": inputs}, "called")
+                        for i in calls:
+                            _unlink(shown[i])
+                        if reply["id"] != bid or reply["index"] != j or len(reply["specs"]) != len(calls) or \
+                                (reply["out_digests"] is not None and len(reply["out_digests"]) != len(calls)):
+                            raise _Outcome("rejected", "the worker broke the measurement protocol (call ids)")
+                        cand_win.append(window)
+                        cand_specs += reply["specs"]
+                        digests += reply["out_digests"] or [None] * len(calls)
+        finally:
+            for p in paths + shown:
+                _unlink(p)
+        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
+        for r, rw, cw in zip(ref_ms, ref_win, cand_win):
+            key = (case_str(case), "cand")
+            ms = (cw - (rw - r)) / per_window
+            self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
+        for j in range(n):
+            bad = None if digests[j] is not None else cand_specs[j]
+            self.check_spec(case, ref_specs[j], {"bad_spec": bad, "spec": cand_specs[j], "out_digests": [digests[j]]}, 1)
+        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
+            j = secrets.randbelow(n)
+            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests})
+        return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
+
+    def _timed(self, side, cmd, op):
+        """CPU: a command to one side and its reply, with the side's CPU time from the command to
+        the reply (its window); the CPU it used since its previous reply is added to its outside
+        time. Returns (reply, window ms)."""
+        c0 = self._enter(side)
+        if side == "ref":
+            reply = self._ref_call(cmd, op)
+        else:
+            self.cand.send(cmd)
+            reply = self.cand.recv(self.deadline, op)
+        return reply, self._leave(side) - c0
+
+    def _enter(self, side):
+        c0 = self._clock(self.ref if side == "ref" else self.cand)
+        if side in self.clock_end:
+            self.outside_ms[side] += max(0.0, c0 - self.clock_end[side])
+        return c0
+
+    def _leave(self, side):
+        worker = self.ref if side == "ref" else self.cand
+        worker.settle()
+        self.clock_end[side] = self._clock(worker)
+        return self.clock_end[side]
+
+    def _ref_call(self, cmd, op, deadline_s=600):
+        """A command to the trusted reference worker; its failures are the harness's."""
+        try:
+            self.ref.send(cmd)
+            self.ref_reply = self.ref.recv(time.monotonic() + deadline_s, op)
+        except WorkerFailed as e:
+            raise HarnessError(f"the reference worker failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}") from None
+        return self.ref_reply
 
     def block(self, side, case, seeds, keys):
-        """Block + commitment, timed by the parent's clock from the command to the commitment."""
-        w = self.ref if side == "ref" else self.cand
-        deadline = self.deadline if side == "cand" else time.monotonic() + 600
-        cmd = {"id": self.block_id}
-        try:
-            t0, c0 = time.monotonic(), (w.cpu_ms() if self.device == "cpu" else 0.0)
-            w.send({**cmd, "op": "block", "case": case, "seeds": seeds})
-            ran = w.recv(deadline, "ran")
-            w.send({**cmd, "op": "commit", **keys})
-            commit = w.recv(deadline, "committed")
-            # The parent's clock: wall time on a GPU; on CPU the kernel's account of the CPU time
-            # the worker's whole process tree used (the workers' timers measure CPU time there).
-            window_ms = (time.monotonic() - t0) * 1e3 if self.device == "cuda" else w.cpu_ms() - c0
-            self.wall_s += time.monotonic() - t0
-        except WorkerFailed as e:
-            if side == "ref":
-                raise HarnessError(f"the reference worker failed on {case_str(case)}: {e.message}") from None
-            raise
-        ms = ran.get("ms")
-        if side == "cand" and (ran.get("id") != self.block_id or commit.get("id") != self.block_id
-                               or not isinstance(ms, list) or len(ms) != len(seeds)
-                               or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in ms)):
-            raise _Outcome("rejected", "the worker broke the measurement protocol (ids or times)")
-        commit["bytes_per_call"] = ran.get("bytes_per_call", 0)
+        """GPU: one side's block and commitment, timed by the parent's wall clock from the command
+        to the commitment (which follows a device synchronisation). The reference: (its per-call
+        ms, window ms, commitment). The candidate: (window ms, 0, commitment)."""
+        cmd = {"id": self.block_id, "op": "block", "case": case, "seeds": seeds}
         if side == "ref":
-            self.ref_peak = max(self.ref_peak, commit.get("peak_bytes", 0))
-        return [float(t) for t in ms], window_ms, commit
+            c0 = self._clock(self.ref)
+            ran = self._ref_call(cmd, "ran")
+            commit = self._ref_call({"id": self.block_id, "op": "commit", **keys}, "committed")
+            window = self._clock(self.ref) - c0
+            ms = ran["ms"]
+            if len(ms) != len(seeds):
+                raise HarnessError("the reference worker's reply lacks its times")
+            self.ref_bytes_per_call = ran["bytes_per_call"]
+            self.ref_peak = max(self.ref_peak, commit["peak_bytes"])
+            return ms, window, commit
+        c0 = self._clock(self.cand)
+        self.cand.send(cmd)  # a GPU candidate learns its seeds as its block starts
+        ran = self.cand.recv(self.deadline, "ran")
+        self.cand.send({"id": self.block_id, "op": "commit", **keys})
+        commit = self.cand.recv(self.deadline, "committed")
+        end = self._clock(self.cand)
+        if ran["id"] != self.block_id or commit["id"] != self.block_id:
+            raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
+        return end - c0, commit
 
-    def verify(self, case, pick, ref_spec, commit):
-        """The candidate's picked outputs against the reference's: spec, then bytes (checked by
-        the reference worker, with the fingerprint the candidate committed to)."""
+    def _clock(self, worker):
+        """The parent's clock of a worker: on CPU its sandbox's CPU time, on a GPU the wall clock."""
+        return worker.cpu_ms() if self.device == "cpu" else time.monotonic() * 1e3
+
+    def check_spec(self, case, ref_spec, commit, n):
         where = case_str(case)
-        if commit.get("bad_spec") is not None:
+        if commit["bad_spec"] is not None:
             raise _Outcome("incorrect", f"{where}: a call returned {_describe(commit['bad_spec'])}")
-        spec = commit.get("spec")
-        if not isinstance(spec, list) or len(spec) != len(ref_spec):
+        spec = commit["spec"]
+        if len(spec) != len(ref_spec):
             raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
         for i, (got, exp) in enumerate(zip(spec, ref_spec)):
             for field in ("dtype", "shape", "device"):
-                if not isinstance(got, dict) or got.get(field) != exp[field]:
-                    value = got.get(field) if isinstance(got, dict) else got
-                    raise _Outcome("incorrect", f"{where}: output[{i}] {field} {value}, expected {exp[field]}")
-        digests = commit.get("out_digests")
-        if not isinstance(digests, list) or pick["index"] >= len(digests):
-            raise _Outcome("rejected", "the worker broke the measurement protocol (no fingerprint)")
+                if got[field] != exp[field]:
+                    raise _Outcome("incorrect", f"{where}: output[{i}] {field} {got[field]}, expected {exp[field]}")
+        digests = commit["out_digests"]
+        if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
+            raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
+
+    def verify(self, case, pick, ref_spec, commit):
+        """The candidate's picked outputs against the reference's: bytes, checked by the reference
+        worker with the fingerprint the candidate committed to."""
+        where = case_str(case)
+        digests = commit["out_digests"]
         n = sum(s["nbytes"] for s in ref_spec)  # sizes come from the trusted side
+        _room_for(self.dirs["handover"], n)
+        cpu = self.device == "cpu"
+        if cpu:
+            self._enter("cand")  # a handover is a window of its own, not time outside (see _timed)
         self.cand.send({"id": self.block_id, "op": "handover", **pick})
         header = self.cand.recv(self.deadline, "bytes")
-        if header.get("n") != n:
-            raise _Outcome("incorrect", f"{where}: handed over {header.get('n')} bytes of output; the reference's take {n}")
-        path = os.path.join(self.files, f"out-{self.block_id}.bin")
-        with open(path, "wb") as f:
+        if header["id"] != self.block_id:
+            raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
+        if header["n"] != n:
+            raise _Outcome("incorrect", f"{where}: handed over {header['n']} bytes of output; the reference's take {n}")
+        path = os.path.join(self.dirs["handover"], f"out-{self.block_id}-{new_token()}.bin")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(self.cand.recv_bytes(n, self.deadline))
+        if cpu:
+            self._leave("cand")
+        cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
+               "in_digest": header["in_digest"], **pick}
         try:
-            self.ref.send({"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
-                           "in_digest": header.get("in_digest"), **pick})
-            verdict = self.ref.recv(time.monotonic() + 600, "checked")
-        except WorkerFailed as e:
-            raise HarnessError(f"the reference worker failed checking {where}: {e.message}") from None
+            verdict = self._timed("ref", cmd, "checked")[0] if cpu else self._ref_call(cmd, "checked")
         finally:
-            os.unlink(path)
+            _unlink(path)
+        self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)
         if not verdict["ok"]:
-            raise _Outcome("rejected" if verdict.get("forged") else "incorrect", verdict["message"])
+            raise _Outcome("rejected" if verdict["forged"] else "incorrect", verdict["message"])
 
     # -- timing one case ----------------------------------------------------------------------------
 
     def time_case(self, case):
         budget, min_blocks, max_blocks = REPS[(self.device, self.quick)]
-        per_call_bytes = max(1, self.bytes_per_call.get(case_str(case), 1))
-        call_ms = max(1e-3, self.call_ms.get(case_str(case), 1.0))
-        n = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call_bytes,
-                       math.ceil(BLOCK_MS[self.device] / call_ms)))
-        if self.device == "cuda":  # warm up by time (clocks, caches); on CPU the checks warmed up
-            warm_until = time.monotonic() + 0.025
-            while True:
-                self.pair(case, n, cand_first=secrets.randbits(1))
-                if time.monotonic() >= warm_until:
-                    break
-        ref_t, cand_t, ref_over, cand_over, ref_win, cand_sums = [], [], [], [], [], []
-        start = self.wall_s
-        while len(ref_over) < max_blocks and (len(ref_over) < min_blocks or self.wall_s - start < budget):
-            ref_ms, r_win, cand_ms, c_win = self.pair(case, n, cand_first=len(ref_over) % 2)
-            ref_t += ref_ms
-            cand_t += cand_ms
-            ref_over.append(r_win - sum(ref_ms))
-            cand_over.append(c_win - sum(cand_ms))
-            ref_win.append(r_win)
-            cand_sums.append(sum(cand_ms))
-        # The parent's clock. A block costs the harness (inputs, L2 flushes, fingerprint, pipes)
-        # the same on both sides; what a candidate block costs beyond its paired reference block
-        # is work the candidate's own timer did not see (another stream, a thread, a forged
-        # clock). When that excess stands out of the clock's noise (three standard errors, at
-        # least CLOCK_FLOOR_MS and CLOCK_FLOOR_REL of the reference's block), it is added to the
-        # candidate's calls. Random delays do not help a forger: they raise the mean excess along
-        # with its noise.
-        excess = [c - r for c, r in zip(cand_over, ref_over)]
-        mean = sum(excess) / len(excess)
-        # The spread of a few blocks can come out small by chance: it is taken at least 10% of
-        # the harness's own share of a reference block.
-        sd = max(statistics.stdev(excess) if len(excess) > 1 else 0.0, 0.1 * _median(ref_over))
-        se = sd / math.sqrt(len(excess))
-        flags = []
-        if mean > max(CLOCK_FLOOR_MS[self.device], CLOCK_FLOOR_REL * _median(ref_win), 3 * se):
-            per_call = mean * len(excess) / len(cand_t)
-            cand_t = [t + per_call for t in cand_t]
-            flags.append(f"{case_str(case)}: the worker's timer missed {per_call:.3f} ms per call that the "
-                         "parent's clock saw; added to the candidate's time")
-        # A claimed speedup needs both clocks to agree. When the calls claim to beat the
-        # reference, the candidate's time per call is at least what the parent's clock saw of it
-        # (the median over blocks of the candidate's block less the harness's share, taken from
-        # its paired reference block), whenever that is over twice the claim. A forged timer whose
-        # excess hides in the noise of the test above (a heavily loaded machine blinds it) wins at
-        # most that factor of 2, at any claim; an honest kernel's two clocks agree within the
-        # noise (the median over blocks), so it is never touched.
-        claimed = _median(cand_t)
-        parent_ms = _median([(s + e) / n for s, e in zip(cand_sums, excess)])
-        if claimed < _median(ref_t) and parent_ms > PARENT_CLOCK_SLACK * claimed:
-            cand_t = [t + parent_ms - claimed for t in cand_t]
-            flags.append(f"{case_str(case)}: the worker's timer claimed {claimed:.4f} ms per call, the parent's "
-                         f"clock saw {parent_ms:.4f} ms; the parent's clock is taken")
-        row = dict(case=case, reference_ms=_median(ref_t), candidate_ms=_median(cand_t),
-                   reference_spread=_spread(ref_t), candidate_spread=_spread(cand_t), reps=len(cand_t),
-                   block_calls=n, clock_excess_ms=round(mean, 4), flags=flags)
-        if row["candidate_ms"] <= 0:
-            raise _Outcome("rejected", f"{case_str(case)}: a timed call took no measurable time")
-        row["speedup"] = row["reference_ms"] / row["candidate_ms"]
-        self.physical_bound(case, row)
+        # Warm up, by time (a GPU's clocks and caches; on CPU a fresh candidate process grows its
+        # heap and its caches), then size the windows by what the warm-up saw.
+        warm_until = time.monotonic() + (0.0 if self.quick else WARM_S[self.device])
+        while True:
+            k, n = self.window_size(case)
+            self.pair(case, n, cand_first=secrets.randbits(1), verify=False, per_window=k)
+            if time.monotonic() >= warm_until:
+                break
+        k, n = self.window_size(case)
+        outside = dict(self.outside_ms)
+        blocks, start = [], time.monotonic()
+        while len(blocks) < max_blocks and (len(blocks) < min_blocks or time.monotonic() - start < 2 * budget):
+            blocks.append(self.pair(case, n, cand_first=len(blocks) % 2, verify=False, per_window=k))
+        # CPU: what the candidate's sandbox used between its commands, beyond what the reference's
+        # did between its own (each side waits alike for its next command), is work it hid.
+        hidden = max(0.0, (self.outside_ms["cand"] - outside["cand"]) - (self.outside_ms["ref"] - outside["ref"]))
+        windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win")}
+        row = case_times(windows, k, hidden, case_str(case))
+        row["case"] = case
+        row["floor_ms"] = self.physical_floor(case, row)
         return row
 
-    def physical_bound(self, case, row):
+    def window_size(self, case):
+        """(calls per window, calls per block). A window holds about BLOCK_MS of the reference's
+        compute, unless the candidate is much slower: then of its own, so that its windows stay
+        short; within a memory budget. On a GPU a window is a block; on CPU a block holds
+        WINDOWS_PER_BLOCK windows, fewer when they are long (one for a slow candidate)."""
+        per_call_bytes = max(1, self.bytes_per_call.get(case_str(case), 1))
+        ref_call = self.call_ms.get((case_str(case), "ref"), 1.0)
+        cand_call = self.call_ms.get((case_str(case), "cand"), ref_call)
+        call_ms = cand_call if cand_call > 3 * ref_call else ref_call
+        k = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call_bytes,
+                       math.ceil(BLOCK_MS[self.device] / call_ms)))
+        if self.device != "cpu":
+            return k, k
+        return k, k * max(1, min(WINDOWS_PER_BLOCK, math.ceil(4 * BLOCK_MS["cpu"] / (k * call_ms))))
+
+    def physical_floor(self, case, row):
         """On a GPU: no kernel moves the task's unavoidable bytes faster than the memory allows."""
         if self.device != "cuda":
-            return
+            return None
         min_bytes = self.min_bytes.get(case_str(case))
         floor_ms = physical_floor_ms(min_bytes, self.device_name, self.bandwidth) if min_bytes else None
-        if floor_ms is not None:
-            row["floor_ms"] = floor_ms
-            if row["candidate_ms"] < floor_ms:
-                raise _Outcome("rejected", f"{case_str(case)}: {row['candidate_ms']:.4f} ms is below the physical "
-                                           f"floor {floor_ms:.4f} ms of this GPU ({min_bytes / 1e9:.2f} GB "
-                                           "of unavoidable memory traffic): impossible")
+        if floor_ms is not None and row["candidate_ms"] < floor_ms:
+            raise _Outcome("rejected", f"{case_str(case)}: {row['candidate_ms']:.4f} ms is below the physical "
+                                       f"floor {floor_ms:.4f} ms of this GPU ({min_bytes / 1e9:.2f} GB "
+                                       "of unavoidable memory traffic): impossible")
+        return floor_ms
+
+
+def case_times(windows, k, hidden_ms, where):
+    """A case's row from the parent's windows, the trusted side's figures only: `windows` holds
+    per window the reference's compute (its own, trusted timer), the reference's window and the
+    candidate's window (lists in step, the two windows of a pair on the same inputs, run one
+    after the other; k calls per window), and `hidden_ms` the CPU the candidate used outside its
+    windows beyond what the reference did.
+
+    The reference's time per call is the lower quartile of its compute (QUANTILE: noise on a
+    shared machine only ever adds time). The candidate's is that plus the median, over pairs,
+    of its window less the reference's: the harness's share of a window (inputs, fingerprints,
+    pipes: the same code on both sides) cancels within each pair, and so does the machine's
+    drift, which on a shared CPU moves a window's cost by tens of percent over a few seconds.
+    The hidden CPU time is added whole, spread over the candidate's calls. The noise of the
+    speedup is the standard error of its log, from a bootstrap over the pairs."""
+    ref_win, cand_win, compute = windows["ref_win"], windows["cand_win"], windows["ref_ms"]
+    m = len(ref_win)
+    diff = [c - r for c, r in zip(cand_win, ref_win)]
+
+    def estimate(picks):
+        r = max(_quantile([compute[i] for i in picks], QUANTILE), 1e-6)
+        c = r + _quantile([diff[i] for i in picks], 0.5) + hidden_ms / m
+        return r / k, max(c, 0.02 * r) / k
+
+    reference_ms, candidate_ms = estimate(range(m))
+    rng = random.Random(m)  # a fixed draw: the same windows give the same noise figure
+    logs = [math.log(r / c) for r, c in (estimate([rng.randrange(m) for _ in range(m)]) for _ in range(200))]
+    noise = statistics.stdev(logs)
+    flags = []
+    if hidden_ms > 0.05 * candidate_ms * m * k:
+        flags.append(f"{where}: the candidate used {hidden_ms:.1f} ms of CPU outside its windows (while the "
+                     "reference ran, or between calls): charged to its time")
+    if candidate_ms <= 0.02 * reference_ms:
+        flags.append(f"{where}: the candidate's time is below the resolution of the parent's clock; its "
+                     "speedup is a lower bound")
+    share = _quantile([w - c for w, c in zip(ref_win, compute)], 0.5)
+    return dict(reference_ms=reference_ms, candidate_ms=candidate_ms, speedup=reference_ms / candidate_ms,
+                noise=noise, reference_spread=_spread([c / k for c in compute]),
+                candidate_spread=_spread([max(c + d, 1e-9) / k for c, d in zip(compute, diff)]),
+                harness_ms=share / k, reps=m * k, windows=m, window_calls=k, hidden_ms=round(hidden_ms, 3), flags=flags)
 
 
 def physical_floor_ms(min_bytes, device_name, measured_bandwidth):
     """The least time in which a GPU can move `min_bytes`: at the larger of its datasheet peak
     (when known) and the copy bandwidth measured on it. None when neither is known."""
-    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in device_name), 0.0)
+    peak = next((bw for key, bw in PEAK_BANDWIDTH if key in device_name), 0.0)
     bandwidth = max(peak, measured_bandwidth or 0.0)
     return min_bytes / bandwidth * 1e3 if bandwidth > 0 else None
+
+
+def _room_for(folder, n):
+    """A handover of n bytes must fit where it is written (in memory, under /dev/shm)."""
+    st = os.statvfs(folder)
+    if st.f_bavail * st.f_frsize < n + (16 << 20):
+        raise HarnessError(f"{folder} has {st.f_bavail * st.f_frsize >> 20} MB free and a handover needs "
+                           f"{n >> 20} MB: give the machine more shared memory (docker run --shm-size=16g) "
+                           "or set GPU_FORECASTERS_EXCHANGE to a folder on a disk")
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _describe(spec):
@@ -492,6 +679,14 @@ def _device_name(device, gpu=None):
     return torch.cuda.get_device_name(gpu or 0)
 
 
+def _quantile(xs, q):
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def _median(xs):
     s = sorted(xs)
     n = len(s)
@@ -512,21 +707,26 @@ def _spread(xs):
 # ---------------------------------------------------------------------------------------------
 
 def format_table(m):
-    lines = [f"task {m.task}: {m.status}" + (f", speedup {m.speedup:.3f}x (geomean)" if m.speedup else ""),
-             f"device {m.device}; timer {m.timer}; scale {m.scale}; sandbox {m.sandbox}" + (" (cached)" if m.cached else "")]
+    head = f"task {m.task}: {m.status}"
+    if m.speedup:
+        head += f", speedup {m.speedup:.3f}x (geomean, +-{2 * m.noise:.1%} at two standard errors)"
+    lines = [head, f"device {m.device}; scale {m.scale}" + (" (cached)" if m.cached else ""),
+             f"timer: {m.timer}", f"sandbox: {m.sandbox}"]
     if m.status != "ok":
         lines.append(f"reason: {m.message}")
     if m.cases:
-        lines.append(f"{'case':<40} {'reference ms':>13} {'candidate ms':>13} {'spread':>7} {'speedup':>8}")
+        lines.append(f"{'case':<40} {'reference ms':>13} {'candidate ms':>13} {'spread':>7} {'speedup':>8} {'noise':>6}")
         for r in m.cases:
             lines.append(f"{case_str(r['case']):<40} {r['reference_ms']:>13.4f} {r['candidate_ms']:>13.4f} "
-                         f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x")
+                         f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x {r['noise']:>6.1%}")
         lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s")
         if m.reference_peak_gb:
-            what = "GPU memory reserved" if m.timer == "cuda-events" else "resident memory"
+            what = "GPU memory reserved" if "(GPU)" in m.timer else "resident memory"
             lines.append(f"reference worker's peak {what}: {m.reference_peak_gb:.2f} GiB (a candidate worker needs about as much)")
+        if m.candidate_peak_gb:
+            lines.append(f"candidate sandbox's peak host memory: {m.candidate_peak_gb:.2f} GiB")
     lines += [f"flag: {f}" for f in m.flags]
-    if m.timer.startswith("cpu"):
+    if "Triton interpreter" in m.timer:
         lines.append("note: CPU times of interpreted kernels; they say nothing about GPU speed.")
     return "\n".join(lines)
 

@@ -1,35 +1,43 @@
 """measure_sandbox.py: the operating-system side of measure.py's trust boundary.
 
-measure.py decides what to run and what to believe; this file starts the worker processes, talks
-to them, watches them and ends them. A candidate kernel is code written by an LLM that a
-reinforcement-learning loop rewards for every measurement it games, so its worker runs under
-bubblewrap (`bwrap`, the unprivileged sandbox behind Flatpak), not under rules of our own:
+measure.py decides what to run and what to believe; measure_channel.py talks to the workers; this
+file confines them. A candidate kernel is code written by an LLM that a reinforcement-learning loop
+rewards for every measurement it games, so its worker runs inside layers that existing engines
+provide, not rules of our own:
 
-  - its own user namespace, uid and gid 65534 (nobody) inside, no capabilities;
-  - its own PID namespace: it sees only its own processes, and when the sandbox's init dies the
-    kernel kills every process in it, daemons and grandchildren that ignore SIGTERM included;
-  - its own network, IPC and UTS namespaces: no network at all;
-  - the whole filesystem read-only (the project, the measurement cache, the Python environment),
-    the user's home hidden (tokens, caches), a private size-limited tmpfs for /tmp (Triton's cache
-    lives there) and /dev/shm, a minimal /dev (plus the NVIDIA device files on a GPU machine);
-  - `--die-with-parent`: the sandbox dies with the process that started it, also when that
-    process is killed with SIGKILL; `--new-session`: no way to the controlling terminal.
+  bubblewrap    (`bwrap`, the unprivileged sandbox behind Flatpak) gives the worker its own user,
+                PID, network, IPC, UTS and cgroup namespaces, no capabilities, and a filesystem
+                built from an allowlist: the interpreter and its site-packages, the task files,
+                what the linker (and on a GPU, CUDA and Triton) read, a private size-limited /tmp
+                and /dev/shm, a minimal /dev. Nothing else of the host exists inside: no home, no
+                /etc/shadow, no host unix sockets, no project beyond the task files.
+  seccomp       a filter built with libseccomp (as Flatpak builds its own) and handed to bwrap:
+                no keyring calls but joining a fresh anonymous session keyring (the worker does,
+                first thing), no ptrace, no new namespaces, no mounts, no bpf, perf or io_uring,
+                no unix-domain sockets; where no cgroup counts a sandbox's memory and processes
+                (below), also no memfd, SysV shared memory or message queues, and on CPU no new
+                processes.
+  a cgroup      per sandbox, where the machine lets this process create one (cgroup v2 with a
+                delegated subtree, or v1 as root): its CPU clock counts every thread and process
+                the candidate ever started, reaped or not, which is the clock measure.py trusts on
+                CPU; its memory limit counts what the candidate holds in memfds, tmpfs and page
+                cache; its task limit counts threads.
+  uid           the sandbox runs as uid 65534 (nobody) inside; when this process is root, also
+                outside: the host sees an unprivileged user, not root.
+  rlimits       file descriptors, file size and core dumps, set from outside before the sandbox
+                starts.
 
-The parent watches the whole process tree (host memory, number of processes, bytes written to
-stdout/stderr) and kills it when a limit is crossed or the measurement ends. The only ways out are
-two pipes to the parent, which reads them as JSON lines of bounded size, with a deadline.
+A sandbox starts blocked: bwrap creates its namespaces, tells us its pids, and waits; we put both
+processes in the cgroup, set their limits and write the uid map, then let it go on. So nothing
+that runs in the sandbox ever ran outside its cgroup or limits.
 
-The reference worker is trusted code (it never loads a candidate) but runs in an identical
-sandbox all the same, so that whatever the sandbox costs, it costs both sides of a comparison.
-The end of this file keeps the workers of each thread that measures (a WorkerSet): one reference
-worker per task, kept, and a fresh candidate worker per measurement, with spares booting in the
-background.
+Which layers a machine gets is decided once per process (`sandbox_plan()`) and named in every
+measurement (`Measurement.sandbox`); docs/MEASUREMENT.md says what each combination leaves open.
 """
-import atexit
 import ctypes
+import errno
 import glob
 import json
-import math
 import os
 import secrets
 import select
@@ -38,70 +46,107 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(ROOT, "measure_worker.py")
-MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
-MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood
-MAX_PROCS = 64                # processes in one sandbox (the worker, Triton's compiler, ...)
-WATCH_EVERY = 0.05            # seconds between two looks at the process tree
-_LIBC = ctypes.CDLL(None, use_errno=True)
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or pass "
-                "--unsafe-no-sandbox (candidate code then runs unconfined, as you)")
-
-
-class WorkerFailed(Exception):
-    """A worker's fate, with the status it earns when the worker is the candidate's."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status, self.message = status, message
+SANDBOX_UID = 65534           # nobody
+MAX_TASKS = 128               # threads and processes in one sandbox (a worker runs about ten)
+MAX_FILES = 1024              # open file descriptors
+MAX_FILE_BYTES = 1 << 30      # the largest file a sandbox may write (its /tmp is memory)
+TMP_BYTES, SHM_BYTES = 2 << 30, 1 << 30
+INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: apt-get install bubblewrap libseccomp2; "
+                "pip install pyseccomp) or pass --unsafe-no-sandbox (candidate code then runs unconfined, as you)")
 
 
 class SandboxUnavailable(ValueError):
-    """bubblewrap is missing or cannot create its namespaces on this machine."""
+    """bubblewrap or libseccomp is missing, or cannot create its namespaces on this machine."""
 
 
 # ---------------------------------------------------------------------------------------------
-# The sandbox's command line.
+# The filesystem inside: an allowlist.
 # ---------------------------------------------------------------------------------------------
 
 def _under(path, top):
-    return bool(top) and top != "/" and (path == top or path.startswith(top.rstrip("/") + "/"))
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def bwrap_prefix(device):
-    """The bwrap arguments that put a worker in its sandbox (see the module docstring)."""
-    home = os.path.realpath(os.path.expanduser("~"))
-    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all",
-            "--uid", "65534", "--gid", "65534",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(2 << 30), "--tmpfs", "/tmp", "--size", str(1 << 30), "--tmpfs", "/dev/shm"]
-    if os.path.isdir(home) and home != "/":
-        argv += ["--tmpfs", home]
-    # What the worker needs from under the hidden home or /tmp is bound back, read-only.
-    needed = {ROOT, sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-              *(p for p in sys.path if os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p))}
-    bound = []
-    for path in sorted(os.path.realpath(p) for p in needed if p):
-        hidden = any(_under(path, top) and path != top for top in (home, "/tmp"))
-        if hidden and not any(_under(path, b) for b in bound):
-            bound.append(path)
-            argv += ["--ro-bind", path, path]
+def python_paths():
+    """What the interpreter needs: its prefixes (stdlib, libpython, the virtualenv) and every
+    site-packages directory on sys.path. Not the project (only its task files are bound)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths |= {p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p)}
+    keep = sorted({os.path.realpath(p) for p in paths})
+    keep = [p for p in keep if not _under(p, "/usr")]  # /usr is bound whole
+    return [p for i, p in enumerate(keep) if not any(_under(p, q) for q in keep[:i])]
+
+
+def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
+    """bwrap's arguments for a worker's sandbox (see the module docstring), up to the command.
+    open_parents: create the folders above each bind world-readable (bwrap makes them 0700, owned
+    by whoever builds the sandbox: as root, the unprivileged user inside could not pass them)."""
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    made = {"/", "/usr"}
+
+    def bind(kind, src, dest):
+        if open_parents:
+            for parent in _ancestors(os.path.dirname(dest.rstrip("/"))):
+                if parent not in made:
+                    argv.extend(["--perms", "0755", "--dir", parent])
+                    made.add(parent)
+        argv.extend([kind, src, dest])
+        made.add(dest)
+
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):  # merged /usr: links into it
+        if os.path.islink(top):
+            argv.extend(["--symlink", os.readlink(top), top])
+        elif os.path.isdir(top):
+            bind("--ro-bind", top, top)
+    argv.extend(["--proc", "/proc", "--dev", "/dev"])
+    for size, path in ((TMP_BYTES, "/tmp"), (SHM_BYTES, "/dev/shm")):
+        argv.extend((["--perms", "1777"] if open_parents else []) + ["--size", str(size), "--tmpfs", path])
+    made |= {"/proc", "/dev", "/tmp", "/dev/shm"}
+    for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives"):  # the linker; cc -> gcc
+        bind("--ro-bind-try", f"/etc/{etc}", f"/etc/{etc}")
+    for path in python_paths():
+        bind("--ro-bind", path, path)
+    # The harness's own files, alone: the worker and the task definitions.
+    bind("--ro-bind", WORKER, WORKER)
+    bind("--ro-bind", os.path.join(ROOT, "tasks"), os.path.join(ROOT, "tasks"))
     if device == "cuda":
+        bind("--ro-bind", "/sys", "/sys")  # the driver reads PCI topology and module parameters
         for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
-            argv += ["--dev-bind", dev, dev]
+            bind("--dev-bind", dev, dev)
+        extra = [os.environ.get(k, "") for k in ("CUDA_HOME", "CUDA_PATH")]
+        extra += os.environ.get("LD_LIBRARY_PATH", "").split(":")
+    else:
+        bind("--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu")  # torch's cpuinfo
+        extra = []
+    extra += os.environ.get("GPU_FORECASTERS_SANDBOX_BIND", "").split(":")  # a site's own CUDA or compiler
+    for path in sorted({os.path.realpath(p) for p in extra if p and os.path.isdir(p)}):
+        if not _under(path, "/usr"):
+            bind("--ro-bind", path, path)
+    for path in binds_ro:
+        bind("--ro-bind", path, path)
+    for src, dest in binds_rw:
+        bind("--bind", src, dest)
     return argv + ["--chdir", "/tmp"]
+
+
+def _ancestors(path):
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def worker_env(device, tmp):
     """A clean environment: no secrets or settings of the caller's shell reach a worker."""
+    keep = ("LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CC", "CXX")
     env = {k: v for k, v in os.environ.items()
-           if k in ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
-           or k.startswith("NVIDIA_")}
-    env.update(HOME=tmp, TMPDIR=tmp, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
+           if k in keep or k.startswith("NVIDIA_") or (k.startswith("TRITON_") and k != "TRITON_CACHE_DIR")}
+    env.update(HOME=tmp, TMPDIR=tmp, USER="nobody", LOGNAME="nobody",
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+               PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
                TRITON_CACHE_DIR=os.path.join(tmp, "triton"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
@@ -113,325 +158,491 @@ def worker_env(device, tmp):
     return env
 
 
-_SANDBOX_PROBLEM = None
+# ---------------------------------------------------------------------------------------------
+# The seccomp filter: built with libseccomp, exported as BPF, handed to bwrap (--seccomp FD).
+# ---------------------------------------------------------------------------------------------
+
+# Never needed by a kernel, Python, torch, Triton or CUDA; each is a way out of the sandbox or
+# into another process.
+DENIED = ["ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+          "add_key", "request_key",
+          "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
+          "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+          "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+          "fanotify_init", "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
+          "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+          "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "vhangup",
+          "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "uselib",
+          "migrate_pages", "move_pages",
+          # the parent pins both sides of a comparison to one core (measure_channel.pin): a
+          # candidate that moved itself to a quieter core would be timed on other hardware
+          "sched_setaffinity"]
+# Where no cgroup counts memory: memory a process can hold without mapping it.
+DENIED_WITHOUT_CGROUP = ["memfd_create", "shmget", "mq_open"]
+CLONE_THREAD = 0x00010000
+CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
+KEYCTL_JOIN_SESSION_KEYRING = 1
+AF_UNIX = 1
+_FILTERS = {}
+
+
+def seccomp_filter(no_processes, no_hidden_memory):
+    """The BPF program (bytes) for a sandbox. no_processes: only threads may be created (a CPU
+    sandbox whose CPU time no cgroup counts); no_hidden_memory: no memfd, SysV shm, mqueues."""
+    key = (no_processes, no_hidden_memory)
+    if key not in _FILTERS:
+        try:
+            import pyseccomp as sc
+        except (ImportError, RuntimeError) as e:  # RuntimeError: the module found no libseccomp
+            raise SandboxUnavailable(f"libseccomp is not usable here ({e}): {INSTALL_HINT}") from None
+        eperm = sc.ERRNO(errno.EPERM)
+        f = sc.SyscallFilter(sc.ALLOW)  # calls of other architectures (i386, x32) are killed
+        for name in DENIED + (DENIED_WITHOUT_CGROUP if no_hidden_memory else []):
+            f.add_rule(eperm, name)
+        # keyctl only to join a fresh anonymous session keyring (arg0 = JOIN, arg1 = NULL name)
+        f.add_rule(eperm, "keyctl", sc.Arg(0, sc.NE, KEYCTL_JOIN_SESSION_KEYRING))
+        f.add_rule(eperm, "keyctl", sc.Arg(1, sc.NE, 0))
+        # no path to a host unix socket, whatever gets bound by mistake (socketpair stays)
+        f.add_rule(sc.ERRNO(errno.EACCES), "socket", sc.Arg(0, sc.EQ, AF_UNIX))
+        # clone3 passes its flags in memory, which seccomp cannot read: ENOSYS makes glibc use
+        # clone, whose flags it can (threads and processes both start through it)
+        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        for bit in CLONE_NAMESPACES:
+            f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))
+        if no_processes:
+            f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+            for name in ("fork", "vfork"):
+                f.add_rule(eperm, name)
+        with tempfile.TemporaryFile() as tmp:
+            f.export_bpf(tmp)
+            tmp.seek(0)
+            _FILTERS[key] = tmp.read()
+    return _FILTERS[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cgroup of a sandbox: the trusted CPU clock and the limits.
+# ---------------------------------------------------------------------------------------------
+
+def _cgroup_mounts():
+    """{controller or 'unified': mount point}, from /proc/self/mountinfo."""
+    mounts = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fstype, _, options = right.split()[:3]
+                point = left.split()[4]
+                if fstype == "cgroup2":
+                    mounts.setdefault("unified", point)
+                elif fstype == "cgroup":
+                    for opt in options.split(","):
+                        mounts.setdefault(opt, point)
+    except OSError:
+        pass
+    return mounts
+
+
+def _own_cgroups():
+    """{controller or 'unified': this process's path in that hierarchy}."""
+    own = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for c in (controllers.split(",") if controllers else ["unified"]):
+                    own[c] = path
+    except OSError:
+        pass
+    return own
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Cgroup:
+    """One sandbox's cgroup: on cgroup v2 one directory, on v1 one per controller (cpuacct,
+    memory, pids). Created by this process under its own cgroup; removed when the sandbox ends."""
+
+    # Which hierarchy gives each resource here: decided once by cgroup_layout().
+    def __init__(self, layout, memory_bytes):
+        self.layout, self.dirs = layout, {}
+        name = f"gpu-forecasters-{os.getpid()}-{secrets.token_hex(4)}"
+        for resource, (version, parent) in layout.items():
+            path = os.path.join(parent, name)
+            if path not in self.dirs.values():
+                os.mkdir(path)
+            self.dirs[resource] = path
+        if "memory" in self.dirs and memory_bytes != float("inf"):
+            limit = str(int(memory_bytes))
+            if self.layout["memory"][0] == 2:
+                _write(self._file("memory", "memory.max"), limit)
+                if os.path.exists(self._file("memory", "memory.swap.max")):
+                    _write(self._file("memory", "memory.swap.max"), "0")
+            else:
+                _write(self._file("memory", "memory.limit_in_bytes"), limit)
+                if os.path.exists(self._file("memory", "memory.memsw.limit_in_bytes")):
+                    _write(self._file("memory", "memory.memsw.limit_in_bytes"), limit)
+        if "pids" in self.dirs:
+            _write(self._file("pids", "pids.max"), str(MAX_TASKS))
+
+    def _file(self, resource, name):
+        return os.path.join(self.dirs[resource], name)
+
+    def add(self, pid):
+        for path in set(self.dirs.values()):
+            _write(os.path.join(path, "cgroup.procs"), str(pid))
+
+    def cpu_ns(self):
+        """CPU time of every task that was ever in the cgroup (the kernel's own account)."""
+        if self.layout["cpu"][0] == 2:
+            for line in _read(self._file("cpu", "cpu.stat")).splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) * 1000
+            return 0
+        return int(_read(self._file("cpu", "cpuacct.usage")))
+
+    def events(self):
+        """(times the memory limit killed a task, times the task limit refused one)."""
+        oom = refused = 0
+        if "memory" in self.dirs:
+            name = "memory.events" if self.layout["memory"][0] == 2 else "memory.oom_control"
+            for line in _read(self._file("memory", name)).splitlines():
+                if line.startswith("oom_kill "):
+                    oom = int(line.split()[1])
+        if "pids" in self.dirs:
+            for line in _read(self._file("pids", "pids.events")).splitlines():
+                if line.startswith("max "):
+                    refused = int(line.split()[1])
+        return oom, refused
+
+    def peak_bytes(self):
+        if "memory" not in self.dirs:
+            return 0
+        name = "memory.peak" if self.layout["memory"][0] == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int(_read(self._file("memory", name)))
+        except (OSError, ValueError):
+            return 0
+
+    def pids(self):
+        found = set()
+        for path in set(self.dirs.values()):
+            try:
+                found |= {int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()}
+            except OSError:
+                pass
+        return found
+
+    def remove(self):
+        """SIGKILL whatever is left, then remove the directories (once the tasks are gone)."""
+        for _ in range(50):
+            left = self.pids()
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if not left:
+                break
+            time.sleep(0.02)
+        for path in sorted(set(self.dirs.values()), reverse=True):
+            for _ in range(50):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def cgroup_layout():
+    """{resource: (cgroup version, parent directory)} for 'cpu', 'memory', 'pids': where this
+    process may create a child cgroup that has the resource. Empty where it may not (no write
+    access, or v2 without a delegated subtree). A clock is only used once checked (sandbox_plan)."""
+    mounts, own = _cgroup_mounts(), _own_cgroups()
+    layout = {}
+    if "unified" in mounts and "unified" in own:
+        parent = os.path.join(mounts["unified"], own["unified"].lstrip("/"))
+        if os.access(parent, os.W_OK):
+            layout["cpu"] = (2, parent)  # cpu.stat exists in every v2 cgroup
+            try:
+                enabled = _read(os.path.join(parent, "cgroup.subtree_control")).split()
+                for c in ("memory", "pids"):
+                    if c not in enabled and c in _read(os.path.join(parent, "cgroup.controllers")).split():
+                        _write(os.path.join(parent, "cgroup.subtree_control"), f"+{c}")  # EBUSY if we hold processes there
+                        enabled.append(c)
+                    if c in enabled:
+                        layout[c] = (2, parent)
+            except OSError:
+                pass
+    for resource, controller in (("cpu", "cpuacct"), ("memory", "memory"), ("pids", "pids")):
+        if resource not in layout and controller in mounts and controller in own:
+            parent = os.path.join(mounts[controller], own[controller].lstrip("/"))
+            if os.access(parent, os.W_OK):
+                layout[resource] = (1, parent)
+    return layout
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan for this machine, decided once: which layers it gets.
+# ---------------------------------------------------------------------------------------------
+
+class Plan:
+    def __init__(self, cgroups, drop_uid, problem=""):
+        self.cgroups, self.drop_uid, self.problem = cgroups, drop_uid, problem
+
+    def describe(self):
+        if self.problem:
+            return "none"
+        parts = ["bubblewrap", "seccomp",
+                 f"uid {SANDBOX_UID} " + ("(host uid too)" if self.drop_uid else "(your uid outside)")]
+        if self.cgroups:
+            versions = sorted({v for v, _ in self.cgroups.values()})
+            parts.append(f"cgroup v{'+v'.join(map(str, versions))} ({', '.join(sorted(self.cgroups))})")
+        else:
+            parts.append("no cgroup (process clocks; no new processes on CPU)")
+        return ", ".join(parts)
+
+
+_PLAN = None
+
+
+def sandbox_plan():
+    """This machine's Plan: bwrap and libseccomp work (else `problem` says why), whether a cgroup
+    can be created whose CPU clock really counts (a probe sandbox burns CPU in one), and whether
+    the sandbox can run as an unprivileged host uid (this process is root)."""
+    global _PLAN
+    if _PLAN is not None:
+        return _PLAN
+    if shutil.which("bwrap") is None:
+        _PLAN = Plan({}, False, f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
+        return _PLAN
+    try:
+        seccomp_filter(False, False)
+    except SandboxUnavailable as e:
+        _PLAN = Plan({}, False, str(e))
+        return _PLAN
+    _remove_stale_cgroups()
+    layout = cgroup_layout()
+    drop_uid = os.geteuid() == 0 and shutil.which("setpriv") is not None
+    if os.environ.get("GPU_FORECASTERS_NO_CGROUP"):  # the fallback on demand (tests, comparisons)
+        layout = {}
+    plan = Plan(layout if "cpu" in layout else {}, drop_uid)
+    burn = "s = 0\nfor i in range(200000): s += i"
+    try:
+        proc = Sandbox.start([sys.executable, "-S", "-c", burn], "cpu", plan, memory_bytes=float("inf"))
+    except (OSError, SandboxUnavailable) as e:
+        if plan.cgroups or plan.drop_uid:  # try the plainest sandbox before giving up
+            plan = Plan({}, False)
+            try:
+                proc = Sandbox.start([sys.executable, "-S", "-c", burn], "cpu", plan, memory_bytes=float("inf"))
+            except (OSError, SandboxUnavailable) as e2:
+                e = e2
+                proc = None
+        else:
+            proc = None
+        if proc is None:
+            _PLAN = Plan({}, False, _namespace_problem(str(e)))
+            return _PLAN
+    _, err = proc.popen.communicate(timeout=60)
+    if proc.popen.returncode != 0:
+        proc.close()
+        _PLAN = Plan({}, False, _namespace_problem(err.decode(errors="replace")))
+        return _PLAN
+    if plan.cgroups and proc.cgroup.cpu_ns() <= 0:  # e.g. cgroup v2 beside v1 controllers: no stats
+        plan = Plan({}, plan.drop_uid)
+    proc.close()
+    _PLAN = plan
+    return _PLAN
+
+
+def _namespace_problem(message):
+    last = (message.strip().splitlines() or ["no message"])[-1][:160]
+    return ("bubblewrap cannot create its sandbox here (" + last + "): enable unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), "
+            "or pass --unsafe-no-sandbox")
 
 
 def require_sandbox():
-    """Raise SandboxUnavailable, in one line that says what to do, unless bwrap works here."""
-    global _SANDBOX_PROBLEM
-    if _SANDBOX_PROBLEM is None:
-        if shutil.which("bwrap") is None:
-            _SANDBOX_PROBLEM = f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}"
-        else:
-            r = subprocess.run(bwrap_prefix("cpu") + [sys.executable, "-c", "pass"],
-                               capture_output=True, text=True, timeout=60)
-            _SANDBOX_PROBLEM = "" if r.returncode == 0 else (
-                "bubblewrap cannot create its namespaces here ("
-                + (r.stderr.strip().splitlines() or ["no message"])[-1][:120]
-                + "): enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
-                  "or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), or pass --unsafe-no-sandbox")
-    if _SANDBOX_PROBLEM:
-        raise SandboxUnavailable(_SANDBOX_PROBLEM)
+    """Raise SandboxUnavailable, in one line that says what to do, unless the sandbox works here."""
+    plan = sandbox_plan()
+    if plan.problem:
+        raise SandboxUnavailable(plan.problem)
+    return plan
 
 
-def _die_with_parent():
-    """In the child before exec: SIGKILL when the parent dies (the unsandboxed workers; bwrap's
-    --die-with-parent does it for the others, without code between fork and exec in a process that
-    may run threads). The signal follows the thread that started the child, so start workers
-    from a long-lived thread."""
-    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-# ---------------------------------------------------------------------------------------------
-# One worker process: start, JSON lines in and out with deadlines, watch the tree, kill.
-# ---------------------------------------------------------------------------------------------
-
-class WorkerProcess:
-    def __init__(self, role, task, device, *, sandboxed, memory_bytes, tmp, readable=(), visible=None):
-        self.memory_bytes = memory_bytes
-        argv = [sys.executable, "-B", WORKER, role, task, device]
-        if sandboxed:
-            binds = [a for path in readable for a in ("--ro-bind", path, path)]
-            argv = bwrap_prefix(device) + binds + ["--setenv", "TMPDIR", "/tmp"] + argv
-            env = worker_env(device, "/tmp")
-        else:
-            os.makedirs(tmp, exist_ok=True)
-            env = worker_env(device, tmp)
-        if visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, cwd=ROOT if not sandboxed else None,
-                                     start_new_session=True, preexec_fn=None if sandboxed else _die_with_parent)
-        self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
-        for fd in (self.out, self.err):
-            os.set_blocking(fd, False)
-        self.buf, self.log, self.log_bytes = bytearray(), bytearray(), 0
-        self.open = {self.out, self.err}
-        self.next_watch = 0.0
-
-    # -- talking -----------------------------------------------------------------------------------
-
-    def send(self, obj):
-        try:
-            self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self._pump(time.monotonic() + 2, lambda: False)  # collect why it died, then raise
-
-    def recv(self, deadline, op):
-        """The next reply line as a dict; it must be JSON, an object, and answer `op`."""
-        self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
-        if b"\n" not in self.buf[:MAX_LINE + 1]:
-            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
-        line, _, rest = bytes(self.buf).partition(b"\n")
-        self.buf = bytearray(rest)
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: not JSON: {line[:80]!r}") from None
-        if not isinstance(msg, dict) or msg.get("op") not in (op, "error"):
-            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: expected {op!r}, got {str(msg)[:80]}")
-        if msg["op"] == "error" or "error" in msg:
-            status = msg.get("error") if msg.get("error") in ("runtime_error", "crashed", "compile_error") else "crashed"
-            raise WorkerFailed(status, str(msg.get("message", ""))[:2000])
-        return msg
-
-    def recv_bytes(self, n, deadline):
-        self._pump(deadline, lambda: len(self.buf) >= n)
-        data, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        return data
-
-    def _pump(self, deadline, done):
-        """Read both pipes until `done()`; watch the tree meanwhile. Raises WorkerFailed on a
-        deadline, a limit, or a worker that died or closed its channel first."""
-        while not done():
-            now = time.monotonic()
-            if now >= self.next_watch:
-                self._watch()
-                self.next_watch = now + WATCH_EVERY
-            if now > deadline:
-                self.kill()
-                raise WorkerFailed("timeout", "no answer from the worker before the deadline (killed)")
-            if self.out not in self.open:
-                self._died()
-            ready, _, _ = select.select(list(self.open), [], [], min(WATCH_EVERY, max(0.0, deadline - now)))
-            for fd in ready:
+def _remove_stale_cgroups():
+    """Cgroups left by a measuring process that was killed before it could remove them."""
+    for resource, (_, parent) in cgroup_layout().items():
+        for path in glob.glob(os.path.join(parent, "gpu-forecasters-*")):
+            pid = os.path.basename(path).split("-")[2]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 try:
-                    chunk = os.read(fd, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    self.open.discard(fd)
-                elif fd == self.out:
-                    self.buf += chunk
-                else:
-                    self.log_bytes += len(chunk)
-                    self.log = (self.log + chunk)[-8192:]
-                    if self.log_bytes > MAX_LOG:
-                        self.kill()
-                        raise WorkerFailed("crashed", "output flood: more than 64 MB written to stdout/stderr (killed)")
-
-    def _died(self):
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise WorkerFailed("crashed", "the worker closed its result channel (killed)") from None
-        self.kill()
-        if code < 0 or code > 128:  # bwrap reports a child killed by signal N as 128 + N
-            sig = -code if code < 0 else code - 128
-            how = f"killed by {signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"exited with code {code}"
-        else:
-            how = f"exited with code {code}"
-        raise WorkerFailed("crashed", f"worker {how} before reporting; last output: {self.log_tail()[-300:]}")
-
-    def log_tail(self):
-        lines = bytes(self.log).decode("utf-8", "replace").strip().splitlines()
-        return lines[-1] if lines else ""
-
-    # -- watching and ending ----------------------------------------------------------------------
-
-    def tree(self):
-        """Pids of the worker and all its descendants (in a PID namespace nothing can leave it)."""
-        pids, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            for task in glob.glob(f"/proc/{pid}/task/*/children"):
-                try:
-                    with open(task) as f:
-                        todo += [int(c) for c in f.read().split()]
+                    os.rmdir(path)
                 except OSError:
                     pass
-        return pids
 
-    def cpu_ms(self):
-        """CPU time the worker's process tree has used, from the kernel's accounting, which no
-        process can forge: each process's CPU clock (all its threads, exited ones included) plus
-        what its reaped children used."""
-        total_ns = 0
-        for pid in self.tree():
-            total_ns += _process_cpu_ns(pid)
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total_ns += (int(fields[13]) + int(fields[14])) * 10**9 // os.sysconf("SC_CLK_TCK")  # cutime, cstime
-            except (OSError, ValueError, IndexError):
-                pass
-        return total_ns / 1e6
 
-    def _watch(self):
-        pids = self.tree()
-        if len(pids) > MAX_PROCS + 3:  # + bwrap's own two processes and the worker
-            self.kill()
-            raise WorkerFailed("crashed", f"more than {MAX_PROCS} processes in the sandbox (killed)")
-        # Resident sizes first (cheap; a page shared after a fork counts in every process), the
-        # exact proportional sizes only when those add up to more than the limit.
-        if sum(_resident_bytes(p) for p in pids) > self.memory_bytes and \
-                sum(_memory_bytes(p) for p in pids) > self.memory_bytes:
-            self.kill()
-            raise WorkerFailed("crashed", f"out of memory: host memory of the worker's processes above "
-                                          f"{self.memory_bytes / 2**30:g} GB (killed)")
+# ---------------------------------------------------------------------------------------------
+# Starting a sandboxed process.
+# ---------------------------------------------------------------------------------------------
 
-    def alive(self):
-        return self.proc.poll() is None
+class Sandbox:
+    """A process in its sandbox: `popen` (bwrap, or the worker itself without a sandbox),
+    `cgroup` (or None) and the CPU clock measure.py trusts."""
 
-    def kill(self):
-        """SIGKILL the whole tree. Under bwrap, the sandbox's init dies with it and the kernel
-        kills everything left in its PID namespace."""
-        for pid in reversed(self.tree()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    def __init__(self, popen, cgroup, plan):
+        self.popen, self.cgroup, self.plan = popen, cgroup, plan
+
+    @classmethod
+    def start(cls, command, device, plan, *, memory_bytes, env=None, binds_rw=(), binds_ro=(), stderr=subprocess.PIPE):
+        """Start `command` in a new sandbox, blocked until it is in its cgroup, under its limits
+        and (as root) mapped to an unprivileged host uid. plan=None: no sandbox (--unsafe-no-sandbox)."""
+        if plan is None:
+            popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                     env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
+            cgroup = None
+            layout = cgroup_layout() if not os.environ.get("GPU_FORECASTERS_NO_CGROUP") else {}
+            if "cpu" in layout:  # the worker runs no candidate code before its first command
+                cgroup = Cgroup(layout, memory_bytes)
+                cgroup.add(popen.pid)
+            return cls(popen, cgroup, None)
+        program = seccomp_filter(no_processes=device == "cpu" and not plan.cgroups, no_hidden_memory=not plan.cgroups)
+        bpf = os.memfd_create("seccomp", 0)
+        os.write(bpf, program)
+        os.lseek(bpf, 0, os.SEEK_SET)
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        argv = bwrap_argv(device, binds_rw, binds_ro, open_parents=plan.drop_uid) + [
+            "--seccomp", str(bpf), "--info-fd", str(info_w), "--userns-block-fd", str(block_r)]
+        if plan.drop_uid:
+            # bwrap stays uid 0 inside (mapped to root) to build the mounts, then setpriv drops to
+            # nobody, inside and out, with every capability gone, before the command starts.
+            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                     "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+        else:
+            argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+        cgroup = Cgroup(plan.cgroups, memory_bytes) if plan.cgroups else None
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            popen = subprocess.Popen(argv + list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=stderr, env=env, pass_fds=(bpf, info_w, block_r), start_new_session=True)
+        except OSError:
+            if cgroup:
+                cgroup.remove()
+            raise
+        finally:
+            for fd in (bpf, info_w, block_r):
+                os.close(fd)
+        try:
+            child = _read_info(info_r, popen)
+            for pid in (popen.pid, child):
+                if cgroup:
+                    cgroup.add(pid)
+                for limit, value in ((_RLIMIT_NOFILE, MAX_FILES), (_RLIMIT_FSIZE, MAX_FILE_BYTES), (_RLIMIT_CORE, 0)):
+                    _prlimit(pid, limit, value)
+            _map_ids(child, plan.drop_uid)
+            os.write(block_w, b"1")
+        except BaseException as e:
+            popen.kill()
+            popen.wait()
+            if cgroup:
+                cgroup.remove()
+            if isinstance(e, OSError):
+                raise SandboxUnavailable(f"{e}; bwrap said: {_drain(popen)}") from None
+            raise
+        finally:
+            os.close(info_r)
+            os.close(block_w)
+        return cls(popen, cgroup, plan)
+
+    def cpu_ms(self, pids=()):
+        """The CPU time the sandbox's tasks used: the cgroup's clock, or else the sum of the
+        given processes' CPU clocks (every thread, exited ones included)."""
+        if self.cgroup is not None:
+            return self.cgroup.cpu_ns() / 1e6
+        return sum(_process_cpu_ns(p) for p in pids) / 1e6
+
+    def close(self):
+        try:
+            self.popen.kill()
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=10)
+            self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        for f in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             try:
-                f.close()
+                if f:
+                    f.close()
             except OSError:
                 pass
 
 
-# ---------------------------------------------------------------------------------------------
-# The workers of a measuring thread: one trusted reference worker per task, kept (it never loads
-# candidate code); a fresh sandbox per candidate, with spares booting in the background. Every
-# thread that measures has its own set (measure_pool.py runs one thread per device): two threads
-# talking to one reference worker would mix their replies, and a worker's die-with-parent signal
-# follows the thread that started it, so a worker stays with its thread.
-# ---------------------------------------------------------------------------------------------
-
-# Where the parent puts handed-over bytes for the reference worker (read-only in its sandbox).
-EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-_THREAD = threading.local()
-_ALL_SETS, _ALL_LOCK = [], threading.Lock()
+def _read_info(fd, popen, timeout=30):
+    """bwrap's --info-fd JSON: the pid of the sandbox's first process."""
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.rstrip().endswith(b"}"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            raise OSError(errno.EIO, "bwrap did not start its sandbox")
+        data += chunk
+    return int(json.loads(data)["child-pid"])
 
 
-class WorkerSet:
-    """The workers of one thread on one device. `visible` is the CUDA_VISIBLE_DEVICES its workers
-    get (one GPU, so that it is their cuda:0); None leaves the variable out."""
-
-    def __init__(self, visible):
-        self.visible = visible
-        self.references, self.spares, self.started = {}, {}, 0
-
-    def reference_worker(self, task, device, sandboxed):
-        """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It
-        runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
-        key = (task, device, sandboxed)
-        if key not in self.references or not self.references[key][0].alive():
-            self.drop_reference()
-            w = WorkerProcess("reference", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
-                              tmp=os.path.join(EXCHANGE, f"reference-{secrets.token_hex(4)}"),
-                              readable=[EXCHANGE], visible=self.visible)
-            try:
-                self.references[key] = (w, w.recv(time.monotonic() + 600, "ready"))
-            except WorkerFailed as e:
-                w.kill()
-                raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
-        return self.references[key]
-
-    def drop_reference(self):
-        for w, _ in self.references.values():
-            w.kill()
-        self.references.clear()
-
-    def candidate_worker(self, task, device, sandboxed, memory_bytes):
-        """A fresh candidate worker (a booted spare when there is one). A thread that asks a second
-        time will likely go on measuring: from then on spares boot while each candidate is measured
-        (booting Python, torch and the task takes seconds); two on CPU, one on a GPU machine."""
-        key = (task, device, sandboxed)
-        spares = self.spares.get(key, [])
-        w = spares.pop(0) if spares else None
-        if w is None or not w.alive():
-            w = self._new_candidate(task, device, sandboxed)
-        w.memory_bytes = memory_bytes
-        if self.started:
-            for other in [k for k in self.spares if k != key]:  # spares of one kind at a time
-                for old in self.spares.pop(other):
-                    old.kill()
-            spares = [s for s in self.spares.get(key, []) if s.alive()]
-            while len(spares) < (2 if device == "cpu" else 1):
-                spares.append(self._new_candidate(task, device, sandboxed))
-            self.spares[key] = spares
-        self.started += 1
-        return w
-
-    def _new_candidate(self, task, device, sandboxed):
-        return WorkerProcess("candidate", task, device, sandboxed=sandboxed, memory_bytes=math.inf,
-                             tmp=os.path.join(EXCHANGE, f"candidate-{secrets.token_hex(4)}"), visible=self.visible)
-
-    def close(self):
-        self.drop_reference()
-        for w in [w for ws in self.spares.values() for w in ws]:
-            w.kill()
-        self.spares.clear()
-        with _ALL_LOCK:
-            if self in _ALL_SETS:
-                _ALL_SETS.remove(self)
+def _map_ids(pid, drop_uid):
+    """The sandbox's uid/gid maps, written from outside. As root: 0 (bwrap, building mounts) and
+    nobody, each to itself. Otherwise: nobody inside is this user outside (all an unprivileged
+    process may map)."""
+    if drop_uid:
+        _write(f"/proc/{pid}/uid_map", f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
+        _write(f"/proc/{pid}/gid_map", f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
+    else:
+        _write(f"/proc/{pid}/uid_map", f"{SANDBOX_UID} {os.geteuid()} 1\n")
+        _write(f"/proc/{pid}/setgroups", "deny")
+        _write(f"/proc/{pid}/gid_map", f"{SANDBOX_UID} {os.getegid()} 1\n")
 
 
-def workers(gpu=None):
-    """The calling thread's WorkerSet for a GPU, given by its index among the GPUs this process
-    sees (None: the process's CUDA_VISIBLE_DEVICES as it is now, which a Ray task sets to its
-    GPU). A thread measures on one device at a time: asking for another closes the previous set."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpu is not None:
-        ids = visible.split(",") if visible else None
-        if ids is not None and not 0 <= gpu < len(ids):
-            raise ValueError(f"GPU {gpu} is not among the {len(ids)} that CUDA_VISIBLE_DEVICES={visible} shows")
-        visible = ids[gpu] if ids else str(gpu)
-    ws = getattr(_THREAD, "workers", None)
-    if ws is None or ws.visible != visible:
-        if ws is not None:
-            ws.close()
-        ws = _THREAD.workers = WorkerSet(visible)
-        with _ALL_LOCK:
-            _ALL_SETS.append(ws)
-    return ws
+def _drain(popen):
+    try:
+        _, err = popen.communicate(timeout=5)
+        return (err or b"").decode(errors="replace").strip()[-200:]
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        return ""
 
 
-def release_workers():
-    """End the calling thread's workers (a pool thread, before it exits)."""
-    ws = getattr(_THREAD, "workers", None)
-    if ws is not None:
-        ws.close()
-        _THREAD.workers = None
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_RLIMIT_FSIZE, _RLIMIT_CORE, _RLIMIT_NOFILE = 1, 4, 7
 
 
-@atexit.register
-def _shutdown():
-    with _ALL_LOCK:
-        sets = list(_ALL_SETS)
-    for ws in sets:
-        ws.close()
-    shutil.rmtree(EXCHANGE, ignore_errors=True)
+class _Rlimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_ulong), ("max", ctypes.c_ulong)]
+
+
+def _prlimit(pid, resource, value):
+    limit = _Rlimit(value, value)
+    if _LIBC.prlimit(pid, resource, ctypes.byref(limit), None) != 0:
+        raise OSError(ctypes.get_errno(), "prlimit")
+
+
+def _die_with_parent():
+    """In the child before exec, unsandboxed workers only: SIGKILL when the parent dies (bwrap's
+    --die-with-parent does it for the others). The signal follows the thread that started the
+    child, so start workers from a long-lived thread."""
+    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class _Timespec(ctypes.Structure):
@@ -439,29 +650,9 @@ class _Timespec(ctypes.Structure):
 
 
 def _process_cpu_ns(pid):
-    """The CPU clock of another process (clock_getcpuclockid), in ns; 0 once it is gone."""
+    """The CPU clock of another process (clock_getcpuclockid: all its threads, exited ones
+    included), in ns; 0 once it is gone."""
     clock, ts = ctypes.c_int(), _Timespec()
     if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) or _LIBC.clock_gettime(clock, ctypes.byref(ts)):
         return 0
     return ts.tv_sec * 10**9 + ts.tv_nsec
-
-
-def _memory_bytes(pid):
-    """Proportional set size: a page shared by n processes (after a fork) counts 1/n in each, so
-    the sum over a tree is the memory the tree really holds. Resident size where PSS is missing."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return _resident_bytes(pid)
-
-
-def _resident_bytes(pid):
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

@@ -2,20 +2,24 @@
 
 measure.py (the trusted parent) starts this file twice per task, in two roles:
 
-  reference  trusted. Never loads candidate code. Generates a case's inputs from a seed, runs and
-             times the task's PyTorch reference, keeps its outputs, and gives the verdict on the
-             output bytes a candidate handed over (the task's own check, run here).
-  candidate  untrusted, inside the sandbox (bubblewrap). Loads the candidate once, generates the
-             same inputs from the same seeds, runs and times `custom_kernel`, commits to the
-             outputs of one call the parent picks after the calls ran, and hands those bytes over.
+  reference  trusted. Never loads candidate code. Makes the inputs (on CPU it writes each call's
+             to a file the candidate maps read-only), runs and times the task's PyTorch
+             reference, keeps its outputs, and gives the verdict on the output bytes a candidate
+             handed over (the task's own check, run here), inputs checked unchanged.
+  candidate  untrusted, in its sandbox (measure_sandbox.py). Loads the candidate once, runs
+             `custom_kernel` on the inputs of each window of calls, fingerprints every output
+             before its reply, and hands over the outputs of the call the parent picks afterwards.
 
-Both roles run the very same block of calls (`run_block`), so whatever the harness itself costs
-inside a block (making inputs, the L2 flush, the commitment) costs both sides alike, and the parent
-can subtract it. Nothing the candidate worker says is believed: its timer is bounded by the
-parent's clock, its bytes are compared with the reference's by the reference worker, and its
-commitment (an integer fingerprint of the bytes, keyed by numbers it learns only after its calls
-returned) proves that the bytes existed before the parent's clock stopped, so work cannot be
-deferred to after the timed window.
+Both roles run the very same code for a window of calls (`call` on CPU, `run_block` and `commit`
+on a GPU), so whatever the harness itself costs inside a window (mapping or making inputs, the L2
+flush, the fingerprint, the pipe) costs both sides alike, and cancels in the parent's comparison
+of the two windows. Nothing the candidate worker says is believed: its time is what the parent's
+own clock saw (the candidate's timer is run, for symmetry, and its figures never sent), its bytes
+are compared with the reference's by the reference worker, and its fingerprints, sent before the
+window closes, prove that the bytes existed inside the window: work cannot be deferred past it.
+On CPU the fingerprint is SHA-256 (binding whatever the candidate knows); on a GPU, where a copy
+to the host inside the window would dominate it, a byte sum keyed by numbers drawn after the
+calls returned.
 
 Protocol: one JSON object per line. Commands arrive on stdin; replies leave on a private copy of
 the original stdout; the candidate's own prints go to stderr (the parent keeps a bounded tail).
@@ -55,10 +59,12 @@ def tensors_of(x):
 
 
 def digest(tensors, a, b):
-    """A fingerprint of each tensor's raw bytes, keyed by numbers (a, b) the parent draws after the
-    calls ran. On a CPU: keyed BLAKE2b. On a GPU (no copy to the host inside the timed window): the
-    weighted byte sum below. Either way the trusted side recomputes it from the bytes handed over,
-    on the same kind of device."""
+    """A fingerprint of each tensor's raw bytes, keyed by numbers (a, b). On a CPU: SHA-256 of the
+    key and the bytes (a cryptographic hash: no other bytes give the same value, so the bytes
+    handed over later are the ones that existed now, key or no key; the CPU path passes 0, 0;
+    SHA-256 because CPUs hash it in hardware, twice as fast as BLAKE2b here). On a GPU (no copy to the
+    host inside the timed window): the weighted byte sum below. Either way the trusted side
+    recomputes it from the bytes handed over, on the same kind of device."""
     import hashlib
 
     import torch
@@ -66,8 +72,9 @@ def digest(tensors, a, b):
     for t in tensors:
         raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
         if raw.device.type == "cpu":
-            key = a.to_bytes(8, "little") + b.to_bytes(8, "little")
-            out.append(int.from_bytes(hashlib.blake2b(raw.numpy(), key=key, digest_size=8).digest(), "little"))
+            h = hashlib.sha256(a.to_bytes(8, "little") + b.to_bytes(8, "little"))
+            h.update(raw.numpy())
+            out.append(int.from_bytes(h.digest()[:8], "little"))
         else:
             out.append(weighted_sum(raw, a, b))
     return out
@@ -183,7 +190,7 @@ class Worker:
         import torch
 
         from tasks import get_task
-        self.device, self.out = device, out
+        self.role, self.device, self.out = role, device, out
         self.task = get_task(task_name)
         self.fn = self.task.reference if role == "reference" else None
         torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
@@ -196,6 +203,7 @@ class Worker:
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
         self.timer = CudaTimer() if device == "cuda" else CpuTimer()
         self.block = None  # (id, case, inputs, outputs) of the last block
+        self.prepared = {}  # reference, CPU: block id -> each call's input fingerprint
 
     def send(self, obj, payload=b""):
         self.out.write(json.dumps(obj).encode() + b"\n")
@@ -223,25 +231,83 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
-            return {"op": "loaded", "error": "compile_error", "message": f"{type(e).__name__}: {e}"}
+            return {"op": "error", "error": "compile_error", "message": f"{type(e).__name__}: {e}"}
         if not callable(fn):
-            return {"op": "loaded", "error": "compile_error", "message": "custom_kernel is not callable"}
+            return {"op": "error", "error": "compile_error", "message": "custom_kernel is not callable"}
         self.fn = fn
         return {"op": "loaded", "import_s": time.perf_counter() - t0}
 
+    def prepare(self, cmd):
+        """Reference role, on CPU: make the inputs of every seed of a block and write each call's,
+        raw, to its own file (`paths`, in a folder only this worker may write). The candidate later
+        maps a call's file read-only as that call starts: the inputs it gets are the trusted side's,
+        it cannot change them, and it never sees the next call's before its clock runs."""
+        import hashlib
+        collect_between_calls()
+        layouts, prints = [], []
+        for seed, path in zip(cmd["seeds"], cmd["paths"]):
+            data = self.task.generate_input(cmd["case"], seed, device="cpu")
+            found, tensors, chunks, pos = [], [], [], 0
+            call = skeleton(data, found)
+            for t in found:
+                raw = t.detach().contiguous().reshape(-1).view(torch_uint8()).numpy().tobytes()
+                tensors.append([pos, len(raw), str(t.dtype).removeprefix("torch."), list(t.shape)])
+                chunks.append(raw + bytes(-len(raw) % 64))  # 64-byte aligned: every dtype views cleanly
+                pos += len(raw) + (-len(raw) % 64)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"".join(chunks))
+            layouts.append({"calls": [call], "tensors": tensors, "size": pos})
+            prints.append(hashlib.blake2b(output_bytes(data), digest_size=16).hexdigest())
+        self.prepared = {cmd["id"]: prints}
+        return {"op": "prepared", "id": cmd["id"], "layouts": layouts}
+
+    def call(self, cmd):
+        """CPU, both roles: one window's calls (a few, consecutive) on the inputs the trusted side
+        wrote for each (mapped read-only), every output described and fingerprinted (SHA-256)
+        before the reply leaves. The parent's clock runs from this command to its reply, so the
+        fingerprints prove the bytes existed inside the window: no work can be deferred past it,
+        or moved into another window."""
+        if cmd["index"] == 0:
+            self.block = (cmd["id"], cmd["case"], [], [])
+        bid, case, inputs, outs = self._block(cmd)
+        if cmd["index"] != len(outs):
+            raise RuntimeError(f"call {cmd['index']} of block {bid} out of order")
+        data = [map_inputs(x["path"], x["layout"])[0] for x in cmd["inputs"]]
+        try:
+            out, ms = self.timer.run(self.fn, data)
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
+        inputs.extend(data)
+        outs.extend(out)
+        specs = [spec_of(o) for o in out]
+        good = all(x["plain"] and x.get("contiguous") for spec in specs for x in spec)
+        reply = {"op": "called", "id": bid, "index": cmd["index"], "specs": specs,
+                 "out_digests": [digest(tensors_of(o), 0, 0) for o in out] if good else None}
+        # Both roles do the same work inside the window; only the reference's figures are sent
+        # (its timer is trusted, a candidate's never read).
+        nbytes = sum(t.numel() * t.element_size() for t in tensors_of(data[0]) + tensors_of(out[0]))
+        if self.role == "reference":
+            reply.update(ms=ms, bytes_per_call=nbytes)
+        return reply
+
     def run_block(self, cmd):
-        """Make the inputs of every seed, call the kernel on each (timed), synchronise."""
-        case, seeds = cmd["case"], cmd["seeds"]
+        """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
+        each (timed), synchronise."""
+        case = cmd["case"]
         self.block = None
-        inputs = [self.task.generate_input(case, s, device=self.device) for s in seeds]
+        inputs = [self.task.generate_input(case, s, device=self.device) for s in cmd["seeds"]]
         try:
             outs, ms = self.timer.run(self.fn, inputs)
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001
-            return {"op": "ran", "id": cmd["id"], "error": "runtime_error",
-                    "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
         self.block = (cmd["id"], case, inputs, outs)
+        if self.role != "reference":
+            return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
         nbytes = sum(t.numel() * t.element_size() for t in tensors_of(inputs[0]) + tensors_of(outs[0]))
         return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": nbytes}
 
@@ -259,32 +325,40 @@ class Worker:
         reply = {"op": "committed", "id": bid, "spec": specs[0], "bad_spec": bad}
         if bad is None:
             reply["out_digests"] = [digest(tensors_of(o), cmd["a"], cmd["b"]) for o in outs]
-        reply["peak_bytes"] = peak_memory_bytes(self.device)
+        if self.role == "reference":
+            reply["peak_bytes"] = peak_memory_bytes(self.device)
         return reply
 
     def handover(self, cmd):
-        """The raw bytes of the picked call's outputs, one tensor after the other, and the
-        fingerprint of that call's inputs as they are now (the reference compares it with the
-        pristine inputs)."""
-        import torch
+        """The raw bytes of the picked call's outputs, one tensor after the other; on a GPU (inputs
+        made here from seeds) also the fingerprint of that call's inputs as they are now (the
+        reference compares it with the pristine inputs)."""
         _, _, inputs, outs = self._block(cmd)
+        collect_between_calls()
         j = cmd["index"]
-        payload = b"".join(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
-                           for t in tensors_of(outs[j]))
-        in_digest = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
-        self.send({"op": "bytes", "id": cmd["id"], "n": len(payload), "in_digest": in_digest}, payload)
+        payload = output_bytes(outs[j])
+        reply = {"op": "bytes", "id": cmd["id"], "n": len(payload)}
+        if self.device == "cuda":
+            reply["in_digest"] = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
+        self.send(reply, payload)
 
     def check(self, cmd):
         """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the
-        last block, which ran on the same seeds here."""
+        last block, which ran on the same inputs here."""
+        import hashlib
+
         import torch
         bid, case, inputs, outs = self._block(cmd)
         j = cmd["index"]
         expected = outs[j]
         exp_tensors = tensors_of(expected)
+        t0 = time.process_time()
+        output_bytes(expected)  # what the candidate's handover cost: the parent's allowance for it
+        serialize_ms = (time.process_time() - t0) * 1e3
+        reply = {"op": "checked", "id": bid, "ok": False, "serialize_ms": serialize_ms}
         data = _read_exact(cmd["path"], sum(t.numel() * t.element_size() for t in exp_tensors))
         if data is None:
-            return {"op": "checked", "id": bid, "ok": False, "message": "handed-over bytes missing or of the wrong size"}
+            return {**reply, "message": "handed-over bytes missing or of the wrong size"}
         got, pos = [], 0
         for e in exp_tensors:
             n = e.numel() * e.element_size()
@@ -292,19 +366,89 @@ class Worker:
             got.append(raw.view(e.dtype).reshape(e.shape).to(e.device))
             pos += n
         if digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
-            return {"op": "checked", "id": bid, "ok": False, "forged": True,
+            return {**reply, "forged": True,
                     "message": "handed-over bytes differ from what the worker committed to when its calls returned"}
-        if digest(tensors_of(inputs[j]), cmd["a"], cmd["b"]) != cmd["in_digest"]:  # the reference leaves its inputs alone
-            return {"op": "checked", "id": bid, "ok": False,
-                    "message": f"{case_str(case)}: the candidate modified its input tensors"}
+        if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
+            changed = hashlib.blake2b(output_bytes(inputs[j]), digest_size=16).hexdigest() != self.prepared[bid][j]
+        else:  # GPU: the candidate's fingerprint of its inputs against ours of the pristine ones
+            changed = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"]) != cmd["in_digest"]
+        if changed:
+            return {**reply, "message": f"{case_str(case)}: the candidate modified its input tensors"}
         candidate = type(expected)(got) if isinstance(expected, (tuple, list)) else got[0]
-        ok, msg = self.task.check(candidate, expected)
-        return {"op": "checked", "id": bid, "ok": bool(ok), "message": f"{case_str(case)}: {msg}"}
+        try:
+            ok, msg = self.task.check(candidate, expected)
+        except Exception as e:  # noqa: BLE001 - outputs that break the check fail it
+            ok, msg = False, f"the check failed on these outputs: {type(e).__name__}: {e}"
+        return {**reply, "ok": bool(ok), "message": f"{case_str(case)}: {msg}", "peak_bytes": peak_memory_bytes(self.device)}
 
     def _block(self, cmd):
         if self.block is None or self.block[0] != cmd["id"]:
             raise RuntimeError(f"no block {cmd['id']} to {cmd['op']}")
         return self.block
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs in a file: the trusted side writes them, both sides map them read-only.
+# ---------------------------------------------------------------------------------------------
+
+def torch_uint8():
+    import torch
+    return torch.uint8
+
+
+def skeleton(data, tensors):
+    """A JSON description of a (nested) input, its tensors replaced by their index in `tensors`."""
+    import torch
+    if isinstance(data, torch.Tensor):
+        tensors.append(data)
+        return {"t": len(tensors) - 1}
+    if isinstance(data, (tuple, list)):
+        return {"tuple" if isinstance(data, tuple) else "list": [skeleton(x, tensors) for x in data]}
+    if isinstance(data, dict):
+        return {"dict": [[k, skeleton(v, tensors)] for k, v in data.items()]}
+    if data is None or isinstance(data, (bool, int, float, str)):
+        return {"v": data}
+    raise TypeError(f"an input of type {type(data).__name__} cannot be handed to a worker")
+
+
+def map_inputs(path, layout):
+    """Every call's inputs of a block, as tensors over a read-only shared mapping of the file: a
+    write into one faults, and no copy of the inputs exists that the candidate could change."""
+    import mmap
+    import warnings
+
+    import torch
+    mm = None
+    if layout["size"]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            mm = mmap.mmap(fd, layout["size"], flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+    tensors = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "non-writable buffer": exactly the point
+        for offset, nbytes, dtype, shape in layout["tensors"]:
+            raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes else torch.empty(0, dtype=torch.uint8)
+            tensors.append(raw.view(getattr(torch, dtype)).reshape(shape))
+
+    def build(node):
+        if "t" in node:
+            return tensors[node["t"]]
+        if "tuple" in node:
+            return tuple(build(x) for x in node["tuple"])
+        if "list" in node:
+            return [build(x) for x in node["list"]]
+        if "dict" in node:
+            return {k: build(v) for k, v in node["dict"]}
+        return node["v"]
+    return [build(c) for c in layout["calls"]]
+
+
+def output_bytes(out):
+    """The raw bytes of an output's tensors, one after the other (what a handover sends)."""
+    import torch
+    return b"".join(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() for t in tensors_of(out))
 
 
 def peak_memory_bytes(device):
@@ -333,14 +477,30 @@ def _read_exact(path, n):
         return f.read(n)
 
 
+def collect_between_calls():
+    """On CPU, where automatic collections are off (main): a full one, outside every window."""
+    import gc
+    if not gc.isenabled():
+        gc.collect()
+
+
+def join_fresh_keyring():
+    """Leave the session keyring inherited from whoever started the measurement for a new, empty,
+    anonymous one (the seccomp filter allows this keyctl call and no other)."""
+    import ctypes
+    import platform
+    number = {"x86_64": 250, "aarch64": 219}.get(platform.machine())  # keyctl's syscall number
+    if number is not None:
+        ctypes.CDLL(None, use_errno=True).syscall(number, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, no name
+
+
 def main():
     role, task_name, device = sys.argv[1], sys.argv[2], sys.argv[3]
     # Replies go to a private copy of stdout; print() and the candidate's writes go to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.path.insert(0, ROOT)
-    import resource
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    join_fresh_keyring()
     worker = Worker(role, task_name, device, out)
     ready = {"op": "ready", "role": role, "pid": os.getpid()}
     if role == "reference":  # what the parent needs of the task, so that it never imports it
@@ -350,9 +510,21 @@ def main():
         ready["min_bytes"] = [t.min_bytes(c) for c in t.BENCHMARK_CASES]
         if device == "cuda":
             ready["copy_bandwidth"] = copy_bandwidth()
+            import torch
+            torch.cuda.reset_peak_memory_stats()  # the probe's 2 GiB are not the reference's need
+    # The objects of the boot (torch, the task) move to a generation the collector never scans
+    # again: a full collection over them costs tens of milliseconds, at random moments, in a window.
+    import gc
+    gc.freeze()
+    if device == "cpu":
+        # A collection costs tens of microseconds, about a small CPU call's share of noise, and
+        # the reference worker allocates more between its calls (inputs, checks) than a candidate
+        # does, so automatic collections would land in its windows more often: none run inside a
+        # window, on either side. Each collects between blocks instead (collect_between_calls).
+        gc.disable()
     worker.send(ready)
-    handlers = {"load": worker.load, "block": worker.run_block, "commit": worker.commit,
-                "handover": worker.handover, "check": worker.check}
+    handlers = {"load": worker.load, "prepare": worker.prepare, "call": worker.call, "block": worker.run_block,
+                "commit": worker.commit, "handover": worker.handover, "check": worker.check}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":

@@ -4,11 +4,12 @@ Each attack runs through the real harness: a sandboxed candidate worker, the tru
 worker, the parent's clock. Each test asserts the status the attack must get (never `ok` with an
 inflated speedup) and that nothing outside the sandbox changed: no file named pwned-* in the
 project, the cache, /tmp or /dev/shm, no project file modified, no process left behind.
-docs/MEASUREMENT.md lists the attack classes, the defences and these tests.
+docs/MEASUREMENT.md lists the attack classes, the defences and these tests. The first part holds
+the attacks of the redesign (the trusted side owns the clock, the inputs and the limits), by the
+classes of docs/MEASUREMENT.md; the second the earlier rounds', which must all still hold.
 """
 import hashlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -19,11 +20,16 @@ from pathlib import Path
 import pytest
 
 import measure
+import measure_channel
+import measure_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ROOT / "tests" / "attacks"
 TASK = "cross_entropy"
 HONEST = 2.0  # the attacks that compute honestly use the reference itself: ~1x, never 2x
+# A forgery that worked would show its claim (1.5x to 4x); an honest ~1x measures well under this
+# even on a loaded machine (the A/A spread is a few percent, docs/MEASUREMENT.md).
+FORGED = 1.3
 
 
 def _pwned_processes():
@@ -53,12 +59,16 @@ def _project_digest():
 
 @pytest.fixture
 def attack(tmp_path):
-    """Run an attack file through measure(); check that it left nothing behind."""
+    """Run an attack file through measure(); check that it left nothing behind. `kind` fills in an
+    attack's KIND constant (malformed_reply.py)."""
     before = _project_digest()
 
-    def run(name, **kw):
+    def run(name, kind=None, **kw):
         kw = {"device": "cpu", "quick": True, "use_cache": False, "cache_dir": tmp_path, **kw}
-        m = measure.measure(TASK, (ATTACKS / f"{name}.py").read_text(), **kw)
+        source = (ATTACKS / f"{name}.py").read_text()
+        if kind:
+            source = source.replace('KIND = "missing_field"', f"KIND = {kind!r}")
+        m = measure.measure(TASK, source, **kw)
         deadline = time.monotonic() + 5
         while _pwned_processes() and time.monotonic() < deadline:  # SIGKILLed trees take a moment to go
             time.sleep(0.1)
@@ -71,6 +81,203 @@ def attack(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture
+def no_cgroup(monkeypatch):
+    """The sandbox of a machine where this process may not create cgroups: process clocks, and no
+    new processes, memfds or SysV shared memory on CPU (measure_sandbox.py)."""
+    measure_channel.release_workers()  # workers booted under the cgroup plan
+    monkeypatch.setenv("GPU_FORECASTERS_NO_CGROUP", "1")
+    monkeypatch.setattr(measure_sandbox, "_PLAN", None)
+    assert "no cgroup" in measure_sandbox.require_sandbox().describe()
+    yield
+    measure_channel.release_workers()
+    monkeypatch.setattr(measure_sandbox, "_PLAN", None)
+
+
+def has_cgroup():
+    return bool(measure_sandbox.require_sandbox().cgroups)
+
+
+# ---- class 1: work the clock never sees --------------------------------------------------------
+
+def test_work_in_a_helper_process_reaped_behind_the_clock_is_counted(attack):
+    """With a cgroup, the helper's CPU time is in the sandbox's clock, reaped or not."""
+    if not has_cgroup():
+        pytest.skip("no cgroup on this machine: the no_cgroup test covers it")
+    m = attack("helper_process_reaped")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+
+
+def test_without_a_cgroup_a_candidate_may_not_start_processes(attack, no_cgroup):
+    m = attack("helper_process_reaped")
+    assert m.status == "runtime_error" and "not permitted" in m.message, m.message
+
+
+def test_work_while_the_reference_runs_is_charged_to_the_candidate(attack):
+    """A thread thrashes the caches while the reference is timed: its CPU time between the
+    candidate's windows is the candidate's, and it costs far more than it slows the reference."""
+    m = attack("slow_the_reference")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+    assert any("outside its windows" in f for f in m.flags), m.flags
+
+
+def test_inputs_appear_only_when_the_candidates_call_starts(attack):
+    m = attack("early_inputs")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+
+
+def test_work_deferred_into_the_next_calls_window_is_caught(attack):
+    """Each call's outputs are fingerprinted before its window closes: outputs finished in a later
+    window were committed unfinished, and the checked call gives them away."""
+    m = attack("defer_to_next_call")
+    assert m.status in ("rejected", "incorrect"), (m.status, m.message, m.speedup)
+
+
+# ---- class 2: forged timers, at any size ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["timer_noise", "timer_fraction", "timer_a_quarter", "timer_via_gc"])
+def test_the_candidates_own_timer_is_never_read(attack, name):
+    """The timer runs in the candidate's process, so it is run (the harness's cost stays the same
+    on both sides) and thrown away: forged times of any size, noisy or not, move nothing."""
+    m = attack(name)
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+
+
+def test_a_candidates_reply_cannot_carry_times():
+    with pytest.raises(measure_channel.ProtocolError, match="unexpected field 'ms'"):
+        measure_channel.parse_reply(b'{"op": "ran", "id": 3, "ms": [0.001]}', "ran")
+    assert measure_channel.parse_reply(b'{"op": "ran", "id": 3, "ms": [0.5], "bytes_per_call": 9}', "ran",
+                                       trusted=True)["ms"] == [0.5]
+
+
+# ---- class 3: input integrity --------------------------------------------------------------------
+
+def test_inputs_are_the_trusted_sides_and_read_only(attack):
+    """Every way of making the mapped inputs writable is refused (mprotect, /proc/self/mem, reopening
+    the file), and the write in place faults."""
+    m = attack("write_into_inputs")
+    assert m.status == "crashed" and "read-only input tensor" in m.message, (m.status, m.message)
+
+
+# ---- class 4: a reply that stops the parent -------------------------------------------------------
+
+MALFORMED = [  # (the command's op, the reply)
+    ("ran", b'{"op": "ran"}'), ("ran", b'{"op": "ran", "id": ' + b"[" * 100000 + b"]" * 100000 + b"}"),
+    ("ran", b'{"op": "ran", "id": ' + b"9" * 400 + b"}"), ("ran", b'{"op": "ran", "id": "seven"}'),
+    ("ran", b'{"op": "ran", "id": NaN}'), ("ran", b'{"op": "ran", "id": 1e400}'), ("ran", b'{"op": "ran", "id": -5}'),
+    ("ran", b'{"op": "ran", "id": 2.5}'), ("ran", b'{"op": "ran", "id": true}'), ("ran", b"[1, 2, 3]"),
+    ("ran", b'"ran"'), ("ran", b""), ("ran", b"\xff\xfe{"), ("ran", b'{"op": "ran", "id": 3, "verdict": "ok"}'),
+    ("ran", b'{"op": "checked", "id": 3, "ok": true}'), ("loaded", b'{"op": "loaded", "import_s": -1}'),
+    ("committed", b'{"op": "committed", "id": 3, "spec": {"type": "x"}}'),
+    ("committed", b'{"op": "committed", "id": 3, "spec": [{"type": "Tensor", "plain": "yes"}]}'),
+    ("committed", b'{"op": "committed", "id": 3, "spec": [], "out_digests": [[' + b"1," * 5000 + b"1]]}"),
+    ("bytes", b'{"op": "bytes", "id": 3, "n": 99999999999999999999}'),
+    ("ran", b'{"op": "error", "error": 7, "message": "x"}'),
+]
+
+
+@pytest.mark.parametrize("op,line", MALFORMED, ids=range(len(MALFORMED)))
+def test_the_typed_parser_turns_every_malformed_reply_into_one_line(op, line):
+    with pytest.raises(measure_channel.ProtocolError) as e:
+        measure_channel.parse_reply(line, op)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize("kind", ["deep", "string_for_number"])  # every kind through the parser above
+def test_a_malformed_reply_is_rejected_never_an_exception(attack, kind):
+    m = attack("malformed_reply", kind=kind)
+    assert m.status in ("rejected", "crashed"), (m.status, m.message)
+    assert "\n" not in m.message
+
+
+# ---- class 5: the sandbox sees the host ---------------------------------------------------------
+
+@pytest.fixture
+def host_secrets():
+    """Things of the host a candidate must not reach: a file in the project and one in the home
+    folder, a listening unix socket on a path the sandbox binds (the interpreter's prefix), and a
+    key in this process's session keyring."""
+    import ctypes
+    import socket
+    planted = [ROOT / "hush-secret-project.txt", Path.home() / "hush-secret-home.txt"]
+    for p in planted:
+        p.write_text("hush")
+    sock_path = Path(sys.prefix) / f"hush-sock-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock_path))
+    server.listen(1)
+    key = ctypes.CDLL(None).syscall(248, b"user", b"hush-key", b"hush", 4, -3)  # add_key(@s)
+    yield
+    server.close()
+    for p in planted + [sock_path]:
+        p.unlink(missing_ok=True)
+    if key > 0:
+        ctypes.CDLL(None).syscall(250, 21, key)  # keyctl(KEYCTL_INVALIDATE)
+
+
+def test_the_sandbox_holds_nothing_of_the_host(attack, host_secrets):
+    m = attack("read_host")
+    assert "LOOT" not in m.message, m.message
+    assert m.status == "ok", m.message
+
+
+# ---- class 6: limits that count the right thing ---------------------------------------------------
+
+def test_memory_in_memfds_counts(attack):
+    m = attack("memfd_hog", memory_gb=0.75, timeout_s=60)
+    if has_cgroup():
+        assert m.status == "crashed" and "out of memory" in m.message, m.message
+    else:
+        assert m.status == "compile_error" and "not permitted" in m.message, m.message
+
+
+def test_memory_in_memfds_is_refused_without_a_cgroup(attack, no_cgroup):
+    m = attack("memfd_hog", memory_gb=0.75, timeout_s=60)
+    assert m.status == "compile_error" and "not permitted" in m.message, m.message
+
+
+@pytest.mark.slow
+def test_memory_in_the_sandboxs_tmpfs_counts(attack):
+    m = attack("tmpfs_hog", memory_gb=0.75, timeout_s=60)
+    assert m.status == "crashed" and "out of memory" in m.message, m.message
+
+
+def test_threads_count_as_tasks(attack):
+    m = attack("thread_bomb", timeout_s=60)
+    assert m.status == "crashed" and "tasks" in m.message, m.message
+
+
+def test_descriptors_and_file_size_are_bounded(attack):
+    m = attack("descriptors_and_files")
+    assert "LOOT" not in m.message and m.status == "ok", m.message
+
+
+# ---- class 7: raw terminal bytes ------------------------------------------------------------------
+
+def test_a_candidates_text_is_escaped_wherever_it_is_shown(attack):
+    """The candidate's message reaches the terminal (format_table), the JSON record and the
+    mutator's prompt with every control character written as a visible escape."""
+    import unicodedata
+
+    from mutators import feedback_text
+    m = attack("terminal_escape")
+    assert m.status == "compile_error", m.message
+    shown = [m.message, measure.format_table(m), json.dumps(m.to_dict(), ensure_ascii=False),
+             feedback_text(m.to_dict())]
+    for text in shown:
+        bad = [c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")]
+        assert not bad, (bad, text[:200])
+    assert "\\x1b]52;" in m.message and "\\u202e" in m.message  # visible, not lost
+
+
+def test_printable_escapes_and_bounds():
+    assert measure_channel.printable("a\x1b[31mb\u202ec\nd\x07") == "a\\x1b[31mb\\u202ec\\x0ad\\x07"
+    assert measure_channel.printable("é ü 中文") == "é ü 中文"
+    assert len(measure_channel.printable("x" * 10000)) == measure_channel.MAX_TEXT
+
+
+# ==== the earlier rounds' attacks =====================================================================
+
 # ---- class 1: tampering inside the worker ---------------------------------------------------------
 
 def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
@@ -78,53 +285,9 @@ def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
     assert m.status == "incorrect", m.message
 
 
-def test_a_forged_timer_is_overruled_by_the_parents_clock(attack):
-    m = attack("timer_via_gc")
-    if m.status == "rejected":  # on a heavily loaded machine the clock's noise can hide it once;
-        assert "did not reproduce" in m.message, m.message  # the confirmation run then catches it
-        return
-    assert m.status == "ok", m.message  # it computes honestly: it is correct, just not fast
-    assert m.speedup < HONEST, m.cases
-    assert any("parent's clock" in f for f in m.flags), m.flags
-
-
-def test_a_claimed_speedup_needs_the_parents_clock_to_agree(attack, monkeypatch):
-    """The forged timer again, with the parent clock's noise test blinded, as a heavily loaded
-    machine can blind it: a claimed speedup stands only if the parent's clock saw at least half of
-    each call's claim (the forgery claims 3x to 500x per case depending on the machine's load; once
-    it claimed 8x, and a rule kept for claims above 10x let it through)."""
-    monkeypatch.setattr(measure, "CLOCK_FLOOR_REL", 1e9)
-    m = attack("timer_via_gc")
-    if m.status == "rejected":  # under heavy load the parent's clock itself missed once (a 1079x
-        assert "did not reproduce" in m.message, m.message  # claim): the confirmation run caught it
-        return
-    assert m.status == "ok", m.message
-    assert m.speedup < HONEST, m.cases
-    assert any("parent's clock is taken" in f for f in m.flags), m.flags
-
-
-def test_on_cpu_a_claim_above_2x_is_measured_twice(attack, monkeypatch):
-    """Both tests of the parent's clock blinded in the first measurement only, as a heavily loaded
-    CPU can blind them by chance: a forged timer's modest 4x claim (below the 10x that a GPU
-    measurement confirms) is measured a second time, in a fresh worker, where the clock sees the
-    work and the claim does not reproduce."""
-    once, blinded = measure._measure_once, []
-
-    def first_blinded(**run):
-        blinded.append(not blinded)
-        monkeypatch.setattr(measure, "CLOCK_FLOOR_REL", 1e9 if blinded[-1] else 0.1)
-        monkeypatch.setattr(measure, "PARENT_CLOCK_SLACK", math.inf if blinded[-1] else 2.0)
-        return once(**run)
-    monkeypatch.setattr(measure, "_measure_once", first_blinded)
-    m = attack("timer_a_quarter")
-    assert blinded == [True, False]
-    assert m.status == "rejected" and "did not reproduce" in m.message, (m.status, m.message)
-
-
 def test_work_in_threads_that_exit_still_counts(attack):
     m = attack("work_in_exiting_threads")
-    assert m.status == "ok" and m.speedup < HONEST, (m.status, m.message, m.speedup)
-    assert any("parent's clock" in f for f in m.flags), m.flags
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
 def test_computing_only_the_handed_over_call_is_a_forgery(attack):
@@ -185,7 +348,9 @@ def test_forged_replies_are_not_believed(attack):
 def test_half_a_reply_then_silence_times_out(attack):
     t0 = time.monotonic()
     m = attack("silent_header", timeout_s=2)
-    assert m.status == "timeout", m.message
+    # the half line either stays half (the parent's timeout) or the worker's own error reply, sent
+    # when the candidate overstays, completes it into a line that breaks the protocol
+    assert m.status in ("timeout", "rejected"), m.message
     assert time.monotonic() - t0 < 30
 
 
@@ -208,17 +373,23 @@ def test_planted_byte_code_and_sitecustomize_do_not_land(attack):
 @pytest.mark.parametrize("name", ["daemon", "sigterm_grandchild"])
 def test_daemons_and_grandchildren_die_with_the_sandbox(attack, name):
     m = attack(name)  # the fixture asserts that no pwned-* process is left
-    assert m.status == "ok", m.message
+    assert m.status == "ok" or not has_cgroup(), m.message
 
 
 def test_memory_held_in_a_child_process_counts(attack):
-    m = attack("memory_in_child", memory_gb=1.5, timeout_s=60)
-    assert m.status == "crashed" and "memory" in m.message, m.message
+    m = attack("memory_in_child", memory_gb=0.75, timeout_s=60)
+    if has_cgroup():
+        assert m.status == "crashed" and "memory" in m.message, m.message
+    else:  # no child process may start
+        assert m.status == "compile_error" and "not permitted" in m.message, m.message
 
 
 def test_a_fork_bomb_is_stopped(attack):
     m = attack("fork_bomb", timeout_s=60)
-    assert m.status == "crashed" and "processes" in m.message, m.message
+    if has_cgroup():
+        assert m.status == "crashed" and "processes" in m.message, m.message
+    else:
+        assert m.status == "runtime_error" and "not permitted" in m.message, m.message
 
 
 def test_the_worker_dies_with_a_parent_killed_by_sigkill():

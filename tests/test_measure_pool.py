@@ -15,7 +15,7 @@ import time
 import pytest
 
 import measure_pool
-import measure_sandbox
+import measure_channel
 from measure_pool import MeasurePool, pool_devices
 from tasks import seed_source, variant_sources
 
@@ -112,9 +112,9 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
     sets = {}
 
     def take(name, gpu):
-        sets[name] = measure_sandbox.workers(gpu)
-        sets[name + " again"] = measure_sandbox.workers(gpu)
-        measure_sandbox.release_workers()
+        sets[name] = measure_channel.workers(gpu)
+        sets[name + " again"] = measure_channel.workers(gpu)
+        measure_channel.release_workers()
 
     threads = [threading.Thread(target=take, args=(n, g)) for n, g in (("a", 1), ("b", 2), ("c", None))]
     for t in threads:
@@ -124,7 +124,7 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
     assert sets["a"] is sets["a again"] and sets["a"] is not sets["b"]
     assert (sets["a"].visible, sets["b"].visible, sets["c"].visible) == ("5", "6", "4,5,6")  # physical ids
     with pytest.raises(ValueError, match="GPU 3 is not among the 3"):
-        measure_sandbox.workers(3)
+        measure_channel.workers(3)
 
 
 @pytest.mark.slow
@@ -133,12 +133,12 @@ def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
     with MeasurePool(["cpu", "cpu"]) as pool:
         assert "disturb each other" in pool.note
         results = [f.result(timeout=300) for f in [pool.submit(TASK, s, use_cache=False, quick=True) for s in sources]]
-        mine = getattr(measure_sandbox._THREAD, "workers", None)  # this thread's, from other tests
-        pids = {w.proc.pid for ws in measure_sandbox._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
+        mine = getattr(measure_channel._THREAD, "workers", None)  # this thread's, from other tests
+        pids = {w.proc.pid for ws in measure_channel._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
     assert [r["measurement"]["status"] for r in results] == ["ok", "ok"]
     assert {r["worker"] for r in results} == {"cpu:0", "cpu:1"}
     assert overlapping(*[(r["started"], r["ended"]) for r in results])
-    assert all(r["measurement"]["sandbox"] == "bubblewrap" for r in results)
+    assert all(r["measurement"]["sandbox"].startswith("bubblewrap") for r in results)
     assert len(pids) == 2  # a reference worker each, ended with the pool
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
@@ -159,7 +159,7 @@ def test_a_ray_node_measures_with_measure_py_in_its_sandbox(cluster):
     assert len(cluster) == 2 and cluster.device == "cpu"
     r = cluster.submit(TASK, "def custom_kernel(data):\n    return (\n", use_cache=False).result(timeout=300)
     m = r["measurement"]
-    assert (m["status"], m["sandbox"]) == ("compile_error", "bubblewrap") and "SyntaxError" in m["message"]
+    assert m["status"] == "compile_error" and m["sandbox"].startswith("bubblewrap") and "SyntaxError" in m["message"]
     assert r["worker"].startswith("ray:") and r["ended"] > r["started"]
 
 

@@ -254,7 +254,7 @@ def test_cli_out_that_is_a_file_is_one_line(tmp_path, capsys):
 
 def test_cli_without_a_sandbox_refuses_at_start_up(tmp_path, capsys, monkeypatch):
     import measure_sandbox
-    monkeypatch.setattr(measure_sandbox, "_SANDBOX_PROBLEM", None)
+    monkeypatch.setattr(measure_sandbox, "_PLAN", None)
     monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
     rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog",
                       "--out", str(tmp_path / "run"), "--no-progress"])

@@ -1,0 +1,618 @@
+"""measure_channel.py: talking to the workers across measure.py's trust boundary.
+
+The only ways out of a sandbox (measure_sandbox.py) are two pipes: the worker's replies and its
+stderr. Everything that comes through them is a claim from a process that may be hostile, so this
+file reads it as one would read network input:
+
+  - one JSON object per line, at most 1 MB, read against a deadline;
+  - one typed parser (`parse_reply`): every reply has a schema of fields, types, ranges, sizes and
+    nesting; anything else (a missing field, 100k-deep JSON, a 400-digit integer, a string where a
+    number belongs, NaN, an unexpected op) is a protocol violation, which measure.py turns into a
+    `rejected` verdict with a one-line reason, never an exception in the parent;
+  - every string is escaped (`printable`) before anyone sees it: a candidate's error message
+    reaches the terminal, the JSON records and the mutator's prompt with its control characters
+    (ANSI, OSC 52, bidi overrides) written as visible escapes.
+
+It also watches each sandbox while waiting (its cgroup's out-of-memory and task-limit events, or
+without a cgroup the memory and threads of its processes), and keeps the workers of each
+measuring thread (WorkerSet): one trusted reference worker per task, kept, and a fresh candidate
+worker per measurement, with spares booting in the background.
+"""
+import atexit
+import glob
+import json
+import math
+import os
+import secrets
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+
+from measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, sandbox_plan, worker_env
+
+MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
+MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood
+MAX_TEXT = 2000               # characters kept of any string a worker sends
+MAX_ITEMS = 4096              # entries in any list a worker sends
+WATCH_EVERY = 0.05            # seconds between two looks at a sandbox's limits
+
+
+class WorkerFailed(Exception):
+    """A worker's fate, with the status it earns when the worker is the candidate's."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def printable(text, limit=MAX_TEXT):
+    """`text` on one line with every control, format or separator character escaped (\\x1b,
+    \\u202e, \\n), cut to `limit` characters: safe for a terminal, a log and an LLM prompt."""
+    out = []
+    for ch in str(text)[:limit]:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The typed parser. A schema is a dict {field: type}; a type is int, float, str, bool, a list
+# [type], a nested schema, Opt(type) (the field may be absent or null) or Raw (trusted replies
+# only: any JSON, e.g. the reference's input layout).
+# ---------------------------------------------------------------------------------------------
+
+class Opt:
+    def __init__(self, kind):
+        self.kind = kind
+
+
+class Raw:
+    pass
+
+
+TENSOR_SPEC = {"type": str, "plain": bool, "dtype": Opt(str), "shape": Opt([int]), "device": Opt(str),
+               "nbytes": Opt(int), "contiguous": Opt(bool)}
+# What each op's reply may hold; "error" is every op's alternative. The candidate's replies carry
+# no times, memory figures or verdicts: nothing the parent would read from them.
+CANDIDATE_REPLIES = {
+    "ready": {"role": str, "pid": int},
+    "loaded": {"import_s": float},
+    "ran": {"id": int},
+    "called": {"id": int, "index": int, "specs": [[TENSOR_SPEC]], "out_digests": Opt([[int]])},
+    "committed": {"id": int, "spec": [TENSOR_SPEC], "bad_spec": Opt([TENSOR_SPEC]), "out_digests": Opt([[int]])},
+    "bytes": {"id": int, "n": int, "in_digest": Opt([int])},
+    "error": {"error": str, "message": str},
+}
+REFERENCE_REPLIES = {
+    **CANDIDATE_REPLIES,
+    "ready": {"role": str, "pid": int, "cases": Opt(Raw), "min_bytes": Opt([int]), "copy_bandwidth": Opt(float)},
+    "prepared": {"id": int, "layouts": Raw},
+    "called": {**CANDIDATE_REPLIES["called"], "ms": [float], "bytes_per_call": int},
+    "ran": {"id": int, "ms": [float], "bytes_per_call": int},
+    "committed": {**CANDIDATE_REPLIES["committed"], "peak_bytes": int},
+    "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "serialize_ms": float,
+                "peak_bytes": Opt(int)},
+}
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+def parse_reply(line, op, trusted=False):
+    """The reply `line` (bytes) to an `op` command as a dict of checked, escaped values, or a
+    ProtocolError that says in one line what is wrong. Unknown fields are errors too."""
+    try:
+        msg = json.loads(line, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError("a reply nested too deeply") from None
+    except ValueError as e:
+        raise ProtocolError(f"not JSON ({printable(e, 80)}): {printable(line[:80].decode('utf-8', 'replace'))}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a reply that is not an object: {printable(repr(msg), 80)}")
+    got = msg.get("op")
+    replies = REFERENCE_REPLIES if trusted else CANDIDATE_REPLIES
+    if got not in (op, "error") or got not in replies:
+        raise ProtocolError(f"expected {op!r}, got {printable(repr(got), 40)}")
+    schema = dict(replies[got], op=str)
+    return _check(msg, schema, got, trusted, depth=0)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _check(value, kind, where, trusted, depth):
+    if depth > 8:
+        raise ProtocolError(f"{where}: nested too deeply")
+    if isinstance(kind, Opt):
+        return None if value is None else _check(value, kind.kind, where, trusted, depth)
+    if kind is Raw:
+        if not trusted:
+            raise ProtocolError(f"{where}: a field only the trusted side sends")
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected true or false")
+        return value
+    if kind is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise ProtocolError(f"{where}: expected an integer in [0, 2^64), got {printable(repr(value), 40)}")
+        return value
+    if kind is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e15:
+            raise ProtocolError(f"{where}: expected a number in [0, 1e15), got {printable(repr(value), 40)}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected a string, got {printable(repr(value), 40)}")
+        return printable(value)
+    if isinstance(kind, list):
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise ProtocolError(f"{where}: expected a list of at most {MAX_ITEMS} items")
+        return [_check(v, kind[0], where, trusted, depth + 1) for v in value]
+    if isinstance(kind, dict):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        extra = set(value) - set(kind)
+        if extra:
+            raise ProtocolError(f"{where}: unexpected field {printable(sorted(extra)[0], 40)!r}")
+        out = {}
+        for field, sub in kind.items():
+            if field not in value:
+                if isinstance(sub, Opt):
+                    out[field] = None
+                    continue
+                raise ProtocolError(f"{where}: missing field {field!r}")
+            out[field] = _check(value[field], sub, f"{where}.{field}", trusted, depth + 1)
+        return out
+    raise TypeError(kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# One worker process: JSON lines in and out with deadlines, limits watched, killed at the end.
+# ---------------------------------------------------------------------------------------------
+
+class WorkerProcess:
+    """A worker in its sandbox (plan=None: unsandboxed). `trusted`: the reference worker, whose
+    protocol violations are the harness's failures, not a candidate's."""
+
+    def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=()):
+        self.role, self.trusted, self.memory_bytes = role, role == "reference", memory_bytes
+        argv = [sys.executable, "-B", WORKER, role, task, device]
+        tmp = "/tmp" if plan is not None else tempfile.mkdtemp(dir=exchange(), prefix=f"{role}-tmp-")
+        env = worker_env(device, tmp)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        self.sandbox = Sandbox.start(argv, device, plan, memory_bytes=memory_bytes, env=env,
+                                     binds_rw=binds_rw, binds_ro=binds_ro)
+        self.proc = self.sandbox.popen
+        self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        for fd in (self.out, self.err):
+            os.set_blocking(fd, False)
+        self.buf, self.log, self.log_bytes = bytearray(), bytearray(), 0
+        self.open = {self.out, self.err}
+        self.next_watch = 0.0
+        self.main_pid = None
+
+    # -- talking -----------------------------------------------------------------------------------
+
+    def send(self, obj):
+        try:
+            self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._pump(time.monotonic() + 2, lambda: False)  # collect why it died, then raise
+
+    def recv(self, deadline, op):
+        """The next reply, checked against the schema of `op` (see parse_reply)."""
+        self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
+        self.watch()  # a limit crossed during the command ends it, whatever the reply says
+        if b"\n" not in self.buf[:MAX_LINE + 1]:
+            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        try:
+            msg = parse_reply(line, op, trusted=self.trusted)
+        except ProtocolError as e:
+            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
+        if msg["op"] == "error":
+            status = msg["error"] if msg["error"] in ("runtime_error", "crashed", "compile_error") else "crashed"
+            raise WorkerFailed(status, msg["message"])
+        return msg
+
+    def recv_bytes(self, n, deadline):
+        self._pump(deadline, lambda: len(self.buf) >= n)
+        data, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        return data
+
+    def _pump(self, deadline, done):
+        """Read both pipes until `done()`; watch the limits meanwhile. Raises WorkerFailed on a
+        deadline, a limit, or a worker that died or closed its channel first."""
+        while not done():
+            now = time.monotonic()
+            if now >= self.next_watch:
+                self.watch()
+                self.next_watch = now + WATCH_EVERY
+            if now > deadline:
+                self.kill()
+                raise WorkerFailed("timeout", "no answer from the worker before the deadline (killed)")
+            if self.out not in self.open:
+                self._died()
+            ready, _, _ = select.select(list(self.open), [], [], min(WATCH_EVERY, max(0.0, deadline - now)))
+            for fd in ready:
+                try:
+                    chunk = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    self.open.discard(fd)
+                elif fd == self.out:
+                    self.buf += chunk
+                else:
+                    self.log_bytes += len(chunk)
+                    self.log = (self.log + chunk)[-8192:]
+                    if self.log_bytes > MAX_LOG:
+                        self.kill()
+                        raise WorkerFailed("crashed", "output flood: more than 64 MB written to stdout/stderr (killed)")
+
+    def _died(self):
+        try:
+            code = self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - still running, or gone: either way it ends here
+            code = None
+        limit = self._limit_hit()
+        self.kill()
+        if limit:
+            raise WorkerFailed("crashed", limit)
+        if code is None:
+            raise WorkerFailed("crashed", "the worker closed its result channel (killed)")
+        if code < 0 or code > 128:  # bwrap reports a child killed by signal N as 128 + N
+            sig = -code if code < 0 else code - 128
+            how = f"killed by {signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"exited with code {code}"
+            if sig in (signal.SIGSEGV, signal.SIGBUS):
+                how += " (a write into a read-only input tensor ends this way: candidates must not modify their inputs)"
+        else:
+            how = f"exited with code {code}"
+        raise WorkerFailed("crashed", f"worker {how} before reporting; last output: {self.log_tail()[-300:]}")
+
+    def log_tail(self):
+        lines = bytes(self.log).decode("utf-8", "replace").strip().splitlines()
+        return printable(lines[-1]) if lines else ""
+
+    # -- the limits, the clock, the end --------------------------------------------------------------
+
+    def settle(self, limit_s=0.002):
+        """Wait (at most `limit_s`) until the worker's main thread sleeps, waiting for its next
+        command. A reply arrives while the worker is still returning to its loop; a clock read
+        at that moment would leave that tail out of one window and in another, so a side whose
+        replies the parent handles faster would look faster."""
+        pid = self._main_pid()
+        end = time.monotonic() + limit_s
+        while pid and time.monotonic() < end:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state != b"R":
+                return
+            os.sched_yield()
+
+    def _main_pid(self):
+        """The host pid of the worker's Python process (under bwrap, below its init)."""
+        if self.main_pid is None:
+            self.main_pid = 0
+            for pid in self.tree():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"measure_worker.py" in f.read():
+                            self.main_pid = pid
+                            break
+                except OSError:
+                    pass
+        return self.main_pid
+
+    def tree(self):
+        """Pids of the worker and all its descendants (in a PID namespace nothing can leave it)."""
+        pids, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            for task in glob.glob(f"/proc/{pid}/task/*/children"):
+                try:
+                    with open(task) as f:
+                        todo += [int(c) for c in f.read().split()]
+                except OSError:
+                    pass
+        return pids
+
+    def _limit_hit(self):
+        """A one-line reason if the sandbox crossed a limit, else ''. With a cgroup the kernel
+        enforces the limits and counts the events; without one, the parent looks."""
+        cgroup = self.sandbox.cgroup
+        if cgroup is not None:
+            try:
+                oom, refused = cgroup.events()
+            except OSError:
+                return ""
+            if oom:
+                return f"out of memory: the sandbox's memory (memfd, tmpfs and page cache included) went above {self.memory_bytes / 2**30:g} GB (killed)"
+            if refused:
+                return f"more than {MAX_TASKS} tasks (threads and processes) in the sandbox (killed)"
+            return ""
+        pids = self.tree()
+        if sum(_threads(p) for p in pids) > MAX_TASKS + 3:  # + bwrap's own processes
+            return f"more than {MAX_TASKS} tasks (threads and processes) in the sandbox (killed)"
+        if self.memory_bytes != math.inf and \
+                sum(_resident_bytes(p) for p in pids) + _tmpfs_bytes(pids[-1]) > self.memory_bytes and \
+                sum(_memory_bytes(p) for p in pids) + _tmpfs_bytes(pids[-1]) > self.memory_bytes:
+            return (f"out of memory: the sandbox's processes and its /tmp and /dev/shm held more than "
+                    f"{self.memory_bytes / 2**30:g} GB (killed)")
+        return ""
+
+    def watch(self):
+        reason = self._limit_hit()
+        if reason:
+            self.kill()
+            raise WorkerFailed("crashed", reason)
+
+    def cpu_ms(self):
+        """The parent's CPU clock of this sandbox (measure_sandbox.Sandbox.cpu_ms)."""
+        return self.sandbox.cpu_ms(self.tree() if self.sandbox.cgroup is None else ())
+
+    def peak_bytes(self):
+        return self.sandbox.cgroup.peak_bytes() if self.sandbox.cgroup is not None else 0
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill(self):
+        """SIGKILL the whole tree and remove the sandbox's cgroup. Under bwrap the sandbox's init
+        dies with it and the kernel kills everything left in its PID namespace."""
+        for pid in reversed(self.tree()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.sandbox.close()
+
+
+def _threads(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _memory_bytes(pid):
+    """Proportional set size: a page shared by n processes (after a fork) counts 1/n in each, so
+    the sum over a tree is the memory the tree really holds. Resident size where PSS is missing."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return _resident_bytes(pid)
+
+
+def _resident_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _tmpfs_bytes(pid):
+    """What the sandbox holds in its private /tmp and /dev/shm (memory, not disk), seen through
+    one of its processes."""
+    total = 0
+    for mount in ("tmp", "dev/shm"):
+        try:
+            st = os.statvfs(f"/proc/{pid}/root/{mount}")
+            total += (st.f_blocks - st.f_bfree) * st.f_frsize
+        except OSError:
+            pass
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# The workers of a measuring thread: one trusted reference worker per task, kept (it never loads
+# candidate code); a fresh sandbox per candidate, with spares booting in the background. Every
+# thread that measures has its own set (measure_pool.py runs one thread per device): two threads
+# talking to one reference worker would mix their replies, and a worker's die-with-parent signal
+# follows the thread that started it, so a worker stays with its thread.
+# ---------------------------------------------------------------------------------------------
+
+_EXCHANGE = None
+_THREAD = threading.local()
+_ALL_SETS, _ALL_LOCK = [], threading.Lock()
+
+
+def exchange():
+    """The folder (in memory where /dev/shm is writable) through which the parent and the
+    workers pass inputs and handed-over outputs; made on first use, removed at exit."""
+    global _EXCHANGE
+    with _ALL_LOCK:
+        if _EXCHANGE is None:
+            place = os.environ.get("GPU_FORECASTERS_EXCHANGE") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+            _EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir=place)
+            os.chmod(_EXCHANGE, 0o711)  # the sandbox's user passes through to its own folders
+            atexit.register(_shutdown)
+    return _EXCHANGE
+
+
+def _private_dir(prefix, owner_is_sandbox):
+    path = tempfile.mkdtemp(dir=exchange(), prefix=prefix)
+    os.chmod(path, 0o755)
+    if owner_is_sandbox:
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    return path
+
+
+_SETS_MADE = 0
+
+
+def pin(worker, cores):
+    """Every thread of the worker's tree onto `cores` (threads it starts later inherit it)."""
+    for pid in worker.tree():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:
+                pass
+
+
+class WorkerSet:
+    """The workers of one thread on one device. `visible` is the CUDA_VISIBLE_DEVICES its workers
+    get (one GPU, so that it is their cuda:0); None leaves the variable out. Three folders link it
+    to its workers: `inputs` (the reference worker writes each block's inputs there), `shown`
+    (the parent links a block's inputs there when the candidate's block starts; the candidate
+    sees only this one, read-only) and `handover` (the candidate's output bytes, for the
+    reference worker to check)."""
+
+    def __init__(self, visible):
+        self.visible = visible
+        self.references, self.spares, self.started = {}, {}, 0
+        self.dirs = None
+        # One core runs this set's reference and candidate while a candidate is measured (they
+        # never run at once): the two sides of every comparison on the same hardware, and a
+        # booting spare elsewhere, so that importing torch does not run beside a timed call.
+        # They boot unpinned, side by side (measure._measure_once pins them).
+        global _SETS_MADE
+        cores = sorted(os.sched_getaffinity(0))
+        self.core = {cores[-1 - _SETS_MADE % len(cores)]}
+        self.spare_cores = set(cores) - self.core or self.core
+        _SETS_MADE += 1
+
+    def _dirs(self, plan):
+        if self.dirs is None:
+            drop = plan is not None and plan.drop_uid
+            self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
+                         "handover": _private_dir("handover-", False)}
+        return self.dirs
+
+    def reference_worker(self, task, device, sandboxed):
+        """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It
+        runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
+        key = (task, device, sandboxed)
+        if key not in self.references or not self.references[key][0].alive():
+            self.drop_reference()
+            plan = sandbox_plan() if sandboxed else None
+            d = self._dirs(plan)
+            w = WorkerProcess("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
+                              binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]])
+            try:
+                self.references[key] = (w, w.recv(time.monotonic() + 600, "ready"))
+            except WorkerFailed as e:
+                w.kill()
+                raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
+        return self.references[key]
+
+    def drop_reference(self):
+        for w, _ in self.references.values():
+            w.kill()
+        self.references.clear()
+
+    def candidate_worker(self, task, device, sandboxed, memory_bytes):
+        """A fresh candidate worker (a booted spare when there is one). A thread that asks a second
+        time will likely go on measuring: from then on spares boot while each candidate is measured
+        (booting Python, torch and the task takes seconds): one, which boots on another core."""
+        key = (task, device, sandboxed, memory_bytes)
+        spares = self.spares.get(key, [])
+        w = spares.pop(0) if spares else None
+        if w is None or not w.alive():
+            w = self._new_candidate(task, device, sandboxed, memory_bytes)
+        if self.started:
+            for other in [k for k in self.spares if k != key]:  # spares of one kind at a time
+                for old in self.spares.pop(other):
+                    old.kill()
+            spares = [s for s in self.spares.get(key, []) if s.alive()]
+            while len(spares) < 1:
+                spares.append(self._new_candidate(task, device, sandboxed, memory_bytes))
+                pin(spares[-1], self.spare_cores)
+            self.spares[key] = spares
+        self.started += 1
+        return w
+
+    def _new_candidate(self, task, device, sandboxed, memory_bytes):
+        plan = sandbox_plan() if sandboxed else None
+        return WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes,
+                             visible=self.visible, binds_ro=[self._dirs(plan)["shown"]])
+
+    def close(self):
+        self.drop_reference()
+        for w in [w for ws in self.spares.values() for w in ws]:
+            w.kill()
+        self.spares.clear()
+        if self.dirs:
+            for path in self.dirs.values():
+                shutil.rmtree(path, ignore_errors=True)
+            self.dirs = None
+        with _ALL_LOCK:
+            if self in _ALL_SETS:
+                _ALL_SETS.remove(self)
+
+
+def workers(gpu=None):
+    """The calling thread's WorkerSet for a GPU, given by its index among the GPUs this process
+    sees (None: the process's CUDA_VISIBLE_DEVICES as it is now, which a Ray task sets to its
+    GPU). A thread measures on one device at a time: asking for another closes the previous set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpu is not None:
+        ids = visible.split(",") if visible else None
+        if ids is not None and not 0 <= gpu < len(ids):
+            raise ValueError(f"GPU {gpu} is not among the {len(ids)} that CUDA_VISIBLE_DEVICES={visible} shows")
+        visible = ids[gpu] if ids else str(gpu)
+    ws = getattr(_THREAD, "workers", None)
+    if ws is None or ws.visible != visible:
+        if ws is not None:
+            ws.close()
+        ws = _THREAD.workers = WorkerSet(visible)
+        with _ALL_LOCK:
+            _ALL_SETS.append(ws)
+    return ws
+
+
+def release_workers():
+    """End the calling thread's workers (a pool thread, before it exits)."""
+    ws = getattr(_THREAD, "workers", None)
+    if ws is not None:
+        ws.close()
+        _THREAD.workers = None
+
+
+def _shutdown():
+    with _ALL_LOCK:
+        sets = list(_ALL_SETS)
+    for ws in sets:
+        ws.close()
+    if _EXCHANGE:
+        shutil.rmtree(_EXCHANGE, ignore_errors=True)
+
+
+def new_token():
+    return secrets.token_hex(8)
