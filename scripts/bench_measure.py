@@ -16,11 +16,25 @@ needed, never from the cache), and splits a candidate's wall time into the fixed
 for a booted sandbox, importing, the correctness calls that JIT-compile) and the timing itself:
 
     python scripts/bench_measure.py --tasks cross_entropy --workers 1,2 --candidates 8 --quick
+
+With --aa N it measures each task's own reference as the candidate N times (an A/A test: the true
+speedup is exactly 1) and prints the mean, the range and the worst distance from 1 per task, with
+the noise figure measure.py reported beside each figure; the target is every figure within 5%.
+
+With --against DIR (another checkout of this project, e.g. `git worktree add /tmp/old <commit>`)
+it times what a candidate costs as a user pays it, `python measure.py --candidate K --no-cache`
+as a fresh process, for a fixed workload (each task's seed and first variant), the two checkouts
+alternating --repeat times, and prints the median wall seconds of each and their ratio:
+
+    python scripts/bench_measure.py --aa 5 --tasks cross_entropy,trimul
+    python scripts/bench_measure.py --against /tmp/old --tasks cross_entropy --repeat 3
 """
 import argparse
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +58,10 @@ def main():
     parser.add_argument("--workers", help="comma-separated pool sizes, e.g. 1,2 (CPU) or 1,2,4,8 (a GPU node): "
                         "candidates per minute against the number of workers, instead of the per-kernel table")
     parser.add_argument("--candidates", type=int, default=8, help="candidates measured per pool size with --workers")
+    parser.add_argument("--aa", type=int, metavar="N", help="an A/A test instead: each task's reference measured "
+                        "as the candidate N times (true speedup 1)")
+    parser.add_argument("--against", metavar="DIR", help="another checkout of this project: the per-candidate "
+                        "cost of its measure.py and of this one on a fixed workload, alternating (--repeat rounds)")
     args = parser.parse_args()
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in TASK_NAMES]
@@ -55,6 +73,10 @@ def main():
           f"{os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}")
     if args.workers:
         return scaling(tasks[0], args)
+    if args.aa:
+        return a_over_a(tasks, args)
+    if args.against:
+        return against(tasks, args)
     if not args.json:
         print(f"{'task':<18} {'kernel':<18} {'status':<10} {'speedup':>8} {'wall s':>7} {'import':>7} "
               f"{'check':>7} {'time':>7}  flags")
@@ -122,6 +144,75 @@ def scaling(task, args):
         statuses = ",".join(sorted({m["status"] for m in ms}))
         print(f"{n:>7} {wall:>7.1f} {rate:>9.2f} {rate / one:>6.2f} {fixed:>8.2f} {boot:>6.2f} {parts[0]:>7.2f} "
               f"{parts[1]:>7.2f} {timing:>9.2f}  {statuses}", flush=True)
+    return 0
+
+
+def reference_as_candidate(task):
+    """A candidate that is the task's reference itself: whatever it measures, the truth is 1.0x."""
+    return f"from tasks.{task} import reference as _reference\n\n\ndef custom_kernel(data):\n    return _reference(data)\n"
+
+
+def a_over_a(tasks, args):
+    """The A/A test (module docstring): the spread of measure.py's figure where the truth is 1."""
+    print(f"# A/A: each task's reference measured as the candidate {args.aa} times"
+          f"{' (--quick)' if args.quick else ''}; target: every figure within 5% of 1")
+    print(f"{'task':<20} {'mean':>7} {'min':>7} {'max':>7} {'worst':>7} {'noise':>7} {'wall s':>7}  figures")
+    worst_all = 0.0
+    for task in tasks:
+        figures, noises, walls = [], [], []
+        for _ in range(args.aa):
+            t0 = time.perf_counter()
+            m = measure.measure(task, reference_as_candidate(task), device=args.device, use_cache=False,
+                                quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
+            walls.append(time.perf_counter() - t0)
+            if m.status != "ok":
+                print(f"error: {task}: the reference as a candidate came back {m.status}: {m.message}", file=sys.stderr)
+                return 1
+            figures.append(m.speedup)
+            noises.append(m.noise or 0.0)
+        worst = max(abs(f - 1) for f in figures)
+        worst_all = max(worst_all, worst)
+        if args.json:
+            print(json.dumps({"task": task, "figures": figures, "noise": noises, "wall_s": walls}))
+            continue
+        print(f"{task:<20} {mean(figures):>7.3f} {min(figures):>7.3f} {max(figures):>7.3f} {worst:>7.1%} "
+              f"{mean(noises):>7.1%} {mean(walls):>7.1f}  " + " ".join(f"{f:.3f}" for f in figures), flush=True)
+    print(f"# worst distance from 1 over all tasks: {worst_all:.1%} ({'within' if worst_all <= 0.05 else 'outside'} 5%)")
+    return 0
+
+
+def against(tasks, args):
+    """Per-candidate cost of two checkouts' measure.py, as fresh processes (module docstring)."""
+    other = Path(args.against).resolve()
+    if not (other / "measure.py").is_file():
+        print(f"error: --against {args.against}: no measure.py there; give another checkout of this project",
+              file=sys.stderr)
+        return 2
+    workload = [(task, path) for task in tasks for path in [seed_path(task), *variant_paths(task)[:1]]]
+    print(f"# per-candidate cost, `python measure.py --no-cache{' --quick' if args.quick else ''}` as a fresh "
+          f"process, {args.repeat} round(s) alternating; median wall seconds")
+    print(f"{'task':<18} {'kernel':<18} {'other s':>8} {'this s':>8} {'ratio':>6}  statuses (other / this)")
+    ratios = []
+    for task, path in workload:
+        walls = {other: [], ROOT: []}
+        statuses = {other: set(), ROOT: set()}
+        for _ in range(args.repeat):
+            for where in (other, ROOT):
+                cmd = [sys.executable, "measure.py", "--task", task, "--candidate", str(path), "--no-cache", "--json"]
+                cmd += ["--quick"] * args.quick + ["--unsafe-no-sandbox"] * args.unsafe_no_sandbox
+                t0 = time.perf_counter()
+                out = subprocess.run(cmd, cwd=where, capture_output=True, text=True)
+                walls[where].append(time.perf_counter() - t0)
+                try:
+                    statuses[where].add(json.loads(out.stdout.strip().splitlines()[-1])["status"])
+                except (ValueError, IndexError, KeyError):
+                    statuses[where].add(f"exit {out.returncode}")
+        a, b = statistics.median(walls[other]), statistics.median(walls[ROOT])
+        ratios.append(b / a)
+        print(f"{task:<18} {path.stem:<18} {a:>8.2f} {b:>8.2f} {b / a:>6.2f}  "
+              f"{','.join(sorted(statuses[other]))} / {','.join(sorted(statuses[ROOT]))}", flush=True)
+    geo = statistics.geometric_mean(ratios)
+    print(f"# geometric mean cost ratio, this / other: {geo:.2f}x (target at most 1.5x)")
     return 0
 
 
