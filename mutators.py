@@ -26,6 +26,7 @@ import random
 import re
 
 from bins import bin_interval
+from measure_channel import printable
 
 MUTATION_RULES = """You are an expert GPU kernel engineer. Rewrite the kernel below to make it faster.
 Rules:
@@ -41,7 +42,9 @@ TRUNCATE = 2000  # characters of an error message shown to the mutator
 def feedback_text(m, ask="Rewrite the whole kernel to be as fast as possible."):
     """The mutator's view of a measurement dict (measure.Measurement.to_dict()); `ask` closes the
     feedback on a correct kernel (None: nothing)."""
-    status, msg = m.get("status"), (m.get("message") or "")[:TRUNCATE]
+    # printable: measure.py escapes what a candidate wrote already; a record from elsewhere (an
+    # older event log) gets the same treatment before it reaches a prompt
+    status, msg = m.get("status"), printable(m.get("message") or "", TRUNCATE)
     if status == "compile_error":
         return f"The kernel failed to compile:\n{msg}"
     if status in ("runtime_error", "crashed", "timeout"):
