@@ -353,11 +353,8 @@ class _Session:
         ref_ms, ref_win, ref_commit = out["ref"]
         cand_win, commit = out["cand"]
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
-        # Per-call time of either side as the parent sees it, the least seen (the first calls
-        # compile and warm up): it sizes the timed blocks.
-        for side, ms in (("ref", sum(ref_ms) / n), ("cand", (cand_win - (ref_win - sum(ref_ms))) / n)):
-            key = (case_str(case), side)
-            self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
+        self._saw_call(case, "ref", sum(ref_ms) / n)
+        self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
         self.check_spec(case, ref_commit["spec"], commit, n)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
             self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
@@ -394,9 +391,8 @@ class _Session:
                         ref_win.append(window)
                         ref_specs += reply["specs"]
                         self.ref_bytes_per_call = reply["bytes_per_call"]
-                        for r in reply["ms"]:  # the least seen per call sizes the windows
-                            key = (case_str(case), "ref")
-                            self.call_ms[key] = min(max(r, 1e-3), self.call_ms.get(key, math.inf))
+                        for r in reply["ms"]:
+                            self._saw_call(case, "ref", r)
                     else:
                         for i in calls:  # the window's inputs appear to the candidate as it starts
                             os.link(paths[i], shown[i])
@@ -415,9 +411,7 @@ class _Session:
                 _unlink(p)
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):
-            key = (case_str(case), "cand")
-            ms = (cw - (rw - r)) / per_window
-            self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
+            self._saw_call(case, "cand", (cw - (rw - r)) / per_window)
         for j in range(n):
             bad = None if digests[j] is not None else cand_specs[j]
             self.check_spec(case, ref_specs[j], {"bad_spec": bad, "spec": cand_specs[j], "out_digests": [digests[j]]}, 1)
@@ -425,6 +419,12 @@ class _Session:
             j = secrets.randbelow(n)
             self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests})
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
+
+    def _saw_call(self, case, side, ms):
+        """One side's time per call as the parent sees it; the least seen (the first calls compile
+        and warm up) sizes the timed windows (window_size)."""
+        key = (case_str(case), side)
+        self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
 
     def _timed(self, side, cmd, op):
         """CPU: a command to one side and its reply, with the side's CPU time from the command to
@@ -454,10 +454,9 @@ class _Session:
         """A command to the trusted reference worker; its failures are the harness's."""
         try:
             self.ref.send(cmd)
-            self.ref_reply = self.ref.recv(time.monotonic() + deadline_s, op)
+            return self.ref.recv(time.monotonic() + deadline_s, op)
         except WorkerFailed as e:
             raise HarnessError(f"the reference worker failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}") from None
-        return self.ref_reply
 
     def block(self, side, case, seeds, keys):
         """GPU: one side's block and commitment, timed by the parent's wall clock from the command

@@ -94,6 +94,11 @@ def weighted_sum(raw, a, b):
     return total
 
 
+def bytes_of_call(inputs, outputs):
+    """The bytes one call reads and writes at least: its input and output tensors."""
+    return sum(t.numel() * t.element_size() for t in tensors_of(inputs) + tensors_of(outputs))
+
+
 def spec_of(out):
     """What a returned object is, for the parent to compare with the reference's outputs."""
     import torch
@@ -274,12 +279,9 @@ class Worker:
         if cmd["index"] != len(outs):
             raise RuntimeError(f"call {cmd['index']} of block {bid} out of order")
         data = [map_inputs(x["path"], x["layout"])[0] for x in cmd["inputs"]]
-        try:
-            out, ms = self.timer.run(self.fn, data)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001
-            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
+        out, ms = self._run(case, data)
+        if ms is None:
+            return out  # the kernel's error
         inputs.extend(data)
         outs.extend(out)
         specs = [spec_of(o) for o in out]
@@ -288,10 +290,19 @@ class Worker:
                  "out_digests": [digest(tensors_of(o), 0, 0) for o in out] if good else None}
         # Both roles do the same work inside the window; only the reference's figures are sent
         # (its timer is trusted, a candidate's never read).
-        nbytes = sum(t.numel() * t.element_size() for t in tensors_of(data[0]) + tensors_of(out[0]))
+        nbytes = bytes_of_call(data[0], out[0])
         if self.role == "reference":
             reply.update(ms=ms, bytes_per_call=nbytes)
         return reply
+
+    def _run(self, case, inputs):
+        """(outputs, per-call ms) of the kernel on each input, timed; or (an error reply, None)."""
+        try:
+            return self.timer.run(self.fn, inputs)
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}, None
 
     def run_block(self, cmd):
         """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
@@ -299,17 +310,13 @@ class Worker:
         case = cmd["case"]
         self.block = None
         inputs = [self.task.generate_input(case, s, device=self.device) for s in cmd["seeds"]]
-        try:
-            outs, ms = self.timer.run(self.fn, inputs)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001
-            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}
+        outs, ms = self._run(case, inputs)
+        if ms is None:
+            return outs  # the kernel's error
         self.block = (cmd["id"], case, inputs, outs)
         if self.role != "reference":
             return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
-        nbytes = sum(t.numel() * t.element_size() for t in tensors_of(inputs[0]) + tensors_of(outs[0]))
-        return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": nbytes}
+        return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": bytes_of_call(inputs[0], outs[0])}
 
     def commit(self, cmd):
         """Fingerprint the outputs of every call of the block, keyed by numbers the parent drew
