@@ -1,0 +1,105 @@
+"""The parent's clock under injected jitter: a simulation of the GPU's timed blocks.
+
+measure.case_times turns the trusted side's figures (the reference's own event times, and the
+parent's wall clock around each side's block) into a speedup and its noise. On a real GPU each
+block's wall window carries the harness's share (fingerprints, a device sync, the pipe) and a
+tenth of a millisecond or more of jitter. These tests draw such windows for honest kernels whose
+true speedups are known and check that the estimate stays near the truth, that its noise figure
+covers the error, and that the physical floor's rule rejects only what is significantly below it.
+No GPU is needed: the estimator only ever sees numbers.
+"""
+import math
+import random
+
+import pytest
+
+import measure
+
+
+def simulate(rng, ref_call_ms, speedup, k, m, share_ms=0.4, jitter_ms=(0.1, 0.3), spike=(0.05, 2.0)):
+    """m pairs of GPU blocks of k calls: the reference's event times and both sides' windows."""
+    cand_call_ms = ref_call_ms / speedup
+    ref_ms, ref_win, cand_win = [], [], []
+    for _ in range(m):
+        r = sum(ref_call_ms * rng.gauss(1.0, 0.01) for _ in range(k))
+        c = sum(cand_call_ms * rng.gauss(1.0, 0.01) for _ in range(k))
+
+        def jitter():  # per-block jitter, and now and then a long stall (another process, a clock change)
+            return rng.uniform(*jitter_ms) + (spike[1] if rng.random() < spike[0] else 0.0)
+        ref_ms.append(r)
+        ref_win.append(r + share_ms + jitter())
+        cand_win.append(c + share_ms + jitter())
+    return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
+
+
+def block_calls(ref_call_ms, cand_call_ms):
+    """The calls per GPU block that measure._Session.window_size picks once it has seen both sides."""
+    session = measure._Session.__new__(measure._Session)
+    session.device, session.bytes_per_call = "cuda", {"c": 1}
+    session.call_ms = {("c", "ref"): ref_call_ms, ("c", "cand"): cand_call_ms}
+    return measure._Session.window_size(session, "c")[0]
+
+
+@pytest.fixture(autouse=True)
+def _case_str_is_identity(monkeypatch):
+    monkeypatch.setattr(measure, "case_str", lambda case: case)
+
+
+@pytest.mark.parametrize("ref_call_ms, speedup", [
+    (0.05, 3.0),    # an fp8-quant-like kernel: short calls, a modest speedup
+    (2.0, 20.0),    # a GDN-like kernel: long reference calls, a large speedup
+    (0.5, 1.0),     # the A/A case: the reference against itself
+    (0.2, 0.3),     # a slower candidate
+])
+def test_honest_kernels_keep_their_speedup_under_jitter(ref_call_ms, speedup):
+    rng = random.Random(1234)
+    k = block_calls(ref_call_ms, ref_call_ms / speedup)
+    errors, covered, runs = [], 0, 200
+    for _ in range(runs):
+        m = rng.randint(8, 12)  # REPS: at least 8 blocks at benchmark scale
+        row = measure.case_times(simulate(rng, ref_call_ms, speedup, k, m), k, 0.0, "c")
+        err = abs(math.log(row["speedup"] / speedup))
+        errors.append(err)
+        covered += err <= 3 * row["noise"] + 0.01
+    errors.sort()
+    # Within 10% in 99% of runs, never off by a third, and the noise figure covers the error.
+    assert errors[int(0.99 * runs)] < math.log(1.10), (k, errors[-5:])
+    assert errors[-1] < math.log(1.33), (k, errors[-5:])
+    assert covered >= 0.95 * runs, (k, covered)
+
+
+def test_a_fast_candidate_gets_windows_long_enough_for_its_own_time():
+    # A 20x candidate of a 2 ms reference: the block must hold enough of the candidate's calls
+    # that ~0.3 ms of jitter is small beside them, not just BLOCK_MS of the reference's.
+    k = block_calls(2.0, 0.1)
+    assert k * 0.1 >= measure.BLOCK_MS["cuda"] / 4
+    # A candidate as fast as the reference keeps the usual block.
+    assert block_calls(2.0, 2.0) == math.ceil(measure.BLOCK_MS["cuda"] / 2.0)
+
+
+def test_the_floor_rejects_only_what_is_significantly_below_it():
+    def row(ms, noise):
+        return dict(candidate_ms=ms, reference_ms=1.0, speedup=1.0 / ms, noise=noise, flags=[])
+
+    near = row(0.097, 0.02)  # 3% below a 0.1 ms floor with 2% noise: the noise's doing
+    measure.apply_floor(near, 0.1, "c", "test")
+    assert near["candidate_ms"] == 0.1 and near["speedup"] == pytest.approx(10.0) and near["flags"]
+    above = row(0.2, 0.02)
+    measure.apply_floor(above, 0.1, "c", "test")
+    assert above["candidate_ms"] == 0.2 and not above["flags"]
+    with pytest.raises(measure._Outcome) as e:
+        measure.apply_floor(row(0.05, 0.02), 0.1, "c", "test")  # half the floor: impossible
+    assert e.value.status == "rejected" and "physical floor" in e.value.message
+
+
+def test_an_honest_kernel_at_the_floor_is_not_rejected_under_jitter():
+    # A kernel that runs exactly at the floor, measured with jitter: the rule never rejects it.
+    rng = random.Random(7)
+    ref_call_ms, speedup = 1.0, 10.0
+    floor_ms = ref_call_ms / speedup
+    k = block_calls(ref_call_ms, floor_ms)
+    for _ in range(200):
+        r = measure.case_times(simulate(rng, ref_call_ms, speedup, k, 8), k, 0.0, "c")
+        r["flags"] = list(r["flags"])
+        measure.apply_floor(r, floor_ms, "c", "test")
+        assert r["candidate_ms"] >= floor_ms
