@@ -120,6 +120,7 @@ class Measurement:
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
     time_s: float | None = None       # the timed windows, both sides, verification included
+    verify_s: float | None = None     # of check_s + time_s: handing outputs over and checking them in full
     reference_peak_gb: float | None = None  # the trusted worker's peak memory (GPU memory on a GPU)
     candidate_peak_gb: float | None = None  # the candidate sandbox's peak host memory (its cgroup)
     wall_s: float | None = None
@@ -299,6 +300,7 @@ class _Session:
         # next command uses next to none; the candidate's beyond the reference's is work it hid
         # from its windows, and is charged to it (case_times).
         self.clock_end, self.outside_ms = {}, {"ref": 0.0, "cand": 0.0}
+        self.verify_s = 0.0  # wall time of the full checks (verify), within the budget's time
 
     def run(self, source):
         try:
@@ -334,7 +336,7 @@ class _Session:
         return dict(status="ok", speedup=speedup, noise=noise, within_noise=within, cases=rows, flags=flags,
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
-                    time_s=round(time.perf_counter() - t2, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3),
+                    time_s=round(time.perf_counter() - t2, 3), verify_s=round(self.verify_s, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3),
                     candidate_peak_gb=round(self.cand.peak_bytes() / 2**30, 3))
 
     # -- one pair of blocks: the same inputs on both sides, one call verified ----------------------
@@ -509,6 +511,13 @@ class _Session:
     def verify(self, case, pick, ref_spec, commit):
         """The candidate's picked outputs against the reference's: bytes, checked by the reference
         worker with the fingerprint the candidate committed to."""
+        t0 = time.perf_counter()
+        try:
+            self._verify(case, pick, ref_spec, commit)
+        finally:
+            self.verify_s += time.perf_counter() - t0
+
+    def _verify(self, case, pick, ref_spec, commit):
         where = case_str(case)
         digests = commit["out_digests"]
         n = sum(s["nbytes"] for s in ref_spec)  # sizes come from the trusted side
@@ -740,7 +749,8 @@ def format_table(m):
         for r in m.cases:
             lines.append(f"{case_str(r['case']):<40} {r['reference_ms']:>13.4f} {r['candidate_ms']:>13.4f} "
                          f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x {r['noise']:>6.1%}")
-        lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s")
+        lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s"
+                     + (f"; of these, full output checks {m.verify_s:.2f} s" if m.verify_s is not None else ""))
         if m.reference_peak_gb:
             what = "GPU memory reserved" if "(GPU)" in m.timer else "resident memory"
             lines.append(f"reference worker's peak {what}: {m.reference_peak_gb:.2f} GiB (a candidate worker needs about as much)")
