@@ -69,7 +69,7 @@ from measure_sandbox import require_sandbox
 from measure_worker import case_str
 from records import cache_dir, write_atomic
 
-HARNESS_VERSION = "3.0"
+HARNESS_VERSION = "3.1"  # 3.1: outputs judged as GPU MODE judges them (cast, kinds of non-finite); GPU MODE shapes
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -81,6 +81,13 @@ PEAK_BANDWIDTH = [("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12)
 # Above this speedup a second, fresh measurement is taken and the slower of the two stands: an
 # extraordinary claim should not rest on one run of a noisy machine.
 CONFIRM_SPEEDUP = {"cuda": 10.0, "cpu": 10.0}
+# Bytes per element of the dtypes an output may have. GPU MODE casts an output to fp32 before its
+# tolerance check, so a dtype other than the reference's is no failure in itself (tasks/_check.py
+# decides on the values); the parent sizes the handover from the shape and this table.
+DTYPE_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2,
+               "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
+               "torch.float8_e5m2fnuz": 1, "torch.int64": 8, "torch.int32": 4, "torch.int16": 2,
+               "torch.int8": 1, "torch.uint8": 1, "torch.bool": 1}
 # Share of timed blocks whose picked call is handed over and checked in full (every correctness
 # block is): on a GPU a handover moves up to a gigabyte, so a random quarter there, unknown to the
 # candidate until its calls are committed.
@@ -357,7 +364,7 @@ class _Session:
         self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
         self.check_spec(case, ref_commit["spec"], commit, n)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
+            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
         return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win])
 
     def calls(self, case, n, verify, per_window=1):
@@ -417,7 +424,7 @@ class _Session:
             self.check_spec(case, ref_specs[j], {"bad_spec": bad, "spec": cand_specs[j], "out_digests": [digests[j]]}, 1)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
             j = secrets.randbelow(n)
-            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests})
+            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j])
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
 
     def _saw_call(self, case, side, ms):
@@ -496,19 +503,24 @@ class _Session:
         if len(spec) != len(ref_spec):
             raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
         for i, (got, exp) in enumerate(zip(spec, ref_spec)):
-            for field in ("dtype", "shape", "device"):
+            for field in ("shape", "device"):
                 if got[field] != exp[field]:
                     raise _Outcome("incorrect", f"{where}: output[{i}] {field} {got[field]}, expected {exp[field]}")
+            if got["dtype"] not in DTYPE_BYTES:
+                raise _Outcome("incorrect", f"{where}: output[{i}] dtype {got['dtype']}, expected {exp['dtype']}")
         digests = commit["out_digests"]
         if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
 
-    def verify(self, case, pick, ref_spec, commit):
+    def verify(self, case, pick, ref_spec, commit, cand_spec):
         """The candidate's picked outputs against the reference's: bytes, checked by the reference
-        worker with the fingerprint the candidate committed to."""
+        worker with the fingerprint the candidate committed to. `cand_spec`: the picked call's
+        outputs as the candidate described them (check_spec passed them: known dtypes)."""
         where = case_str(case)
         digests = commit["out_digests"]
-        n = sum(s["nbytes"] for s in ref_spec)  # sizes come from the trusted side
+        dtypes = [c["dtype"] for c in cand_spec]
+        # Sizes from the trusted side's shapes and the candidate's dtype of each output.
+        n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
         _room_for(self.dirs["handover"], n)
         cpu = self.device == "cpu"
         if cpu:
@@ -526,7 +538,7 @@ class _Session:
         if cpu:
             self._leave("cand")
         cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
-               "in_digest": header["in_digest"], **pick}
+               "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
         try:
             verdict = self._timed("ref", cmd, "checked")[0] if cpu else self._ref_call(cmd, "checked")
         finally:
