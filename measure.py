@@ -192,12 +192,17 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
     unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
     """
-    from tasks import TASK_NAMES, get_task
+    from tasks import TASK_NAMES, get_task, resolve_task
 
-    # The parent never imports the task module or, on CPU, torch: the workers do (and boot faster
-    # for it), and the reference worker tells the parent what it needs to know of the task.
+    # The parent never imports a built-in task's module or, on CPU, torch: the workers do (and
+    # boot faster for it), and the reference worker tells the parent what it needs to know of the
+    # task. A problem file (the user's code) is imported here once, so that one lacking what its
+    # format needs fails now, in one line; the workers get its absolute path.
+    task = resolve_task(task)  # raises the ValueError that names the valid tasks
+    task_sha = ""
     if task not in TASK_NAMES:
-        get_task(task)  # raises the ValueError that names the valid tasks
+        get_task(task)
+        task_sha = hashlib.sha256(Path(task).read_bytes()).hexdigest()
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     if device != "cpu":
@@ -225,7 +230,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    key = hashlib.sha256(json.dumps([task, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
+    key = hashlib.sha256(json.dumps([task, task_sha, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
@@ -760,8 +765,12 @@ def read_candidate(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Measure a candidate kernel against a task's PyTorch reference.")
-    parser.add_argument("--task", required=True, help="task name, e.g. cross_entropy (see tasks/)")
-    parser.add_argument("--candidate", required=True, help="path to a Python file defining custom_kernel(data)")
+    parser.add_argument("--task", required=True, help="task name, e.g. cross_entropy (see tasks/); or a problem file "
+                        "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
+    parser.add_argument("--kernelbench-dir", help="a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                        "(default $KERNELBENCH_DIR)")
+    parser.add_argument("--candidate", required=True, help="path to a Python file defining custom_kernel(data) "
+                        "(for a KernelBench problem: class ModelNew)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
     parser.add_argument("--scale", choices=["benchmark", "cpu"],
                         help="shapes to use: the paper's benchmark shapes (GPU default) or small CPU shapes (CPU default)")
@@ -776,6 +785,8 @@ def main(argv=None):
                              "leave processes behind and forge later measurements; only for code you trust")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    if args.kernelbench_dir:
+        os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
     try:
         source = read_candidate(args.candidate)
         m = measure(args.task, source, device=args.device, scale=args.scale, timeout_s=args.timeout,
