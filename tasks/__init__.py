@@ -75,6 +75,16 @@ def task_label(name):
     return name if name in TASK_NAMES else get_task(name).NAME
 
 
+def prompt_view(name):
+    """(label, description) of a task for a forecast's prompt. A KernelBench problem named as
+    `kernelbench:...` (a row of the paper's kernelbench_l3 discovery pairs) needs no checkout: its
+    rows carry the code, and the description says only what the format is."""
+    from tasks import problem_file
+    if name.startswith("kernelbench:"):
+        return name, problem_file.KERNELBENCH_DESCRIPTION
+    return task_label(name), get_task(name).DESCRIPTION
+
+
 def seed_path(name):
     return KERNELS_DIR / name / "seed.py"
 
