@@ -40,7 +40,10 @@ DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded tempo
 
 
 def case_str(case):
-    return ",".join(f"{k}={v}" for k, v in case.items())
+    """A case in a verdict's message; a shape the CPU needs outside the original problem's set
+    (the task marks it `cpu_only`) says so, so that a failure there reads as what it is."""
+    text = ",".join(f"{k}={v}" for k, v in case.items() if k != "cpu_only")
+    return text + (" (a CPU-only shape, outside the original problem's)" if case.get("cpu_only") else "")
 
 
 # ---------------------------------------------------------------------------------------------

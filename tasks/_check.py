@@ -4,7 +4,8 @@ The type checks close the lazy-output hole (docs/MEASUREMENT.md): a candidate mu
 dense torch.Tensor objects of the reference's shape, on its device. The values follow GPU MODE's
 checker (`verbose_allclose` in its reference-kernels repository): both sides are cast to fp32
 before the tolerance check, so an output of another floating dtype (fp16 where the reference is
-fp32) passes when its values are close enough; |out - ref| <= atol + rtol * |ref| elementwise;
+fp32) passes when its values are close enough (unless the problem's own checker asserts the dtype:
+`exact_dtype`, as cross_entropy's does); |out - ref| <= atol + rtol * |ref| elementwise;
 and NaN, +inf and -inf must each appear exactly where the reference has them (kind for kind), so
 a NaN-poisoned, unwritten output element always fails.
 """
@@ -15,8 +16,9 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def compare_outputs(output, expected, rtol, atol, names=None):
-    """Return (ok, message) comparing a candidate's output to the reference's."""
+def compare_outputs(output, expected, rtol, atol, names=None, exact_dtype=False):
+    """Return (ok, message) comparing a candidate's output to the reference's. exact_dtype: the
+    output must also have the reference's dtype (a problem whose original checker asserts it)."""
     out, exp = _as_tuple(output), _as_tuple(expected)
     if len(out) != len(exp):
         return False, f"expected {len(exp)} output tensor(s), got {len(out)}"
@@ -24,6 +26,8 @@ def compare_outputs(output, expected, rtol, atol, names=None):
     for name, o, e in zip(names, out, exp):
         if type(o) is not torch.Tensor:  # subclasses can defer work into the checker
             return False, f"{name}: expected a plain torch.Tensor, got {type(o).__name__}"
+        if exact_dtype and o.dtype != e.dtype:
+            return False, f"{name}: dtype {o.dtype}, expected {e.dtype}"
         if tuple(o.shape) != tuple(e.shape):
             return False, f"{name}: shape {tuple(o.shape)}, expected {tuple(e.shape)}"
         if o.device != e.device:

@@ -95,3 +95,20 @@ def test_non_finite_values_match_kind_for_kind():
         out[i] = wrong
         ok, msg = compare_outputs(out, ref, 1e-3, 1e-3)
         assert not ok and "where the reference is not" in msg
+
+
+def test_cpu_only_shapes_are_labelled_in_verdicts_and_gpu_cases_are_the_originals():
+    from measure_worker import case_str
+    from tasks import TASK_NAMES, get_task
+    for name in TASK_NAMES:
+        t = get_task(name)
+        assert not any(c.get("cpu_only") for c in t.BENCHMARK_CASES + t.CHECK_CASES), name
+    # GPU MODE's test shapes (its task.yml `tests`), checked on a GPU
+    assert [(c["B"], c["T"], c["H"], c["K"], c["V"]) for c in get_task("gdn_chunk_fwd_h").CHECK_CASES] == \
+        [(1, 64, 2, 64, 64), (2, 128, 4, 64, 64), (1, 256, 4, 64, 128)]
+    assert [(c["B"], c["V"]) for c in get_task("cross_entropy").CHECK_CASES] == \
+        [(4096, 32000), (4096, 50264), (4096, 128256)]
+    # trimul's CPU cases are GPU MODE's smallest; cross_entropy's cannot be, and say so
+    assert not any(c.get("cpu_only") for c in get_task("trimul").CPU_CASES)
+    case = get_task("cross_entropy").CPU_CASES[0]
+    assert case.get("cpu_only") and "CPU-only shape" in case_str(case) and "cpu_only" not in case_str(case)
