@@ -116,6 +116,14 @@ def _missing(path, module, names, what):
         raise ProblemError(f"problem file {path} lacks {', '.join(gone)}: {what}")
 
 
+def _dense(out):
+    """A module's output as contiguous tensors: KernelBench accepts any layout, and the harness
+    fingerprints raw bytes, so both sides pay for the copy a view needs (none for most outputs)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_dense(x) for x in out)
+    return out.contiguous() if hasattr(out, "contiguous") else out
+
+
 def kernelbench_check(output, expected):
     """KernelBench's rule: same shape, then rtol = atol = tol of the reference's precision, with
     the value comparison of tasks/_check.py (cast to fp32; non-finite values kind for kind)."""
@@ -159,7 +167,7 @@ class KernelBenchTask:
         if device not in self._models:
             self._models[device] = self._build(self.module.Model, device)
         with torch.no_grad():
-            return self._models[device](*data)
+            return _dense(self._models[device](*data))
 
     def entry_point(self, candidate, device):
         """The candidate's callable: ModelNew built as KernelBench builds it, called on data."""
@@ -169,7 +177,7 @@ class KernelBenchTask:
 
             def run(data):
                 with torch.no_grad():
-                    return model(*data)
+                    return _dense(model(*data))
             return run
         if hasattr(candidate, "custom_kernel"):
             return candidate.custom_kernel
