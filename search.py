@@ -216,6 +216,9 @@ def parse_args(argv=None):
         tasks.get_task(args.task)  # an unknown task, or a problem file lacking what its format needs
     except ValueError as e:
         raise SearchError(f"--task: {e}") from None
+    if args.task not in TASK_NAMES and not args.task.startswith("kernelbench:"):
+        # a problem file by its absolute path: the rows and logs name it wherever they are read
+        args = replace(args, task=str(Path(args.task).resolve()))
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise SearchError(f"--out {args.out} is an existing file; pass a folder (a new one, or a run's to resume it)")
     for name in ("budget", "steps", "parents", "mutations", "measure_per_parent", "keep_children"):
