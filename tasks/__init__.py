@@ -71,8 +71,9 @@ def get_task(name):
 
 
 def task_label(name):
-    """A short name for run folders and records: a built-in name, or a problem file's stem."""
-    return name if name in TASK_NAMES else get_task(name).NAME
+    """A short name for run folders and prompts: a built-in name as it is; a problem file, or a
+    kernelbench:LEVEL/NAME, by its stem (the name a file task's NAME holds)."""
+    return Path(name.removeprefix("kernelbench:")).stem if _is_file_task(name) else name
 
 
 def prompt_view(name):
