@@ -59,9 +59,24 @@ DISCOVERY_FIELDS = {"pair_id": "row_id", "problem_id": "pack", "parent_code": "a
                     "child_code": "candidate_code", "g_speedup": "aggregated_speedup"}
 
 
+KERNELBENCH_FAMILY = "kernelbench_l3"  # the paper's other family of discovery pairs
+
+
 def discovery_row(pair):
-    """A discovery pair (the paper's schema) as a row: the child forecast against its parent."""
-    return {**pair, **{ours: pair[theirs] for theirs, ours in DISCOVERY_FIELDS.items() if theirs in pair}}
+    """A discovery pair (the paper's schema) as a row: the child forecast against its parent. A
+    pair of the kernelbench_l3 family names a KernelBench problem (its code is in the row): its
+    pack becomes `kernelbench:<problem_id>`, a task the forecaster's prompt knows without a
+    KernelBench checkout."""
+    row = {**pair, **{ours: pair[theirs] for theirs, ours in DISCOVERY_FIELDS.items() if theirs in pair}}
+    if pair.get("benchmark_family") == KERNELBENCH_FAMILY and isinstance(row.get("pack"), str) \
+            and not row["pack"].startswith("kernelbench:"):
+        row["pack"] = "kernelbench:" + row["pack"]
+    return row
+
+
+def _known_pack(pack, tasks):
+    """A built-in task, a KernelBench problem, or a problem file a search ran on."""
+    return pack in tasks or (isinstance(pack, str) and (pack.startswith("kernelbench:") or pack.endswith(".py")))
 
 
 def load_rows(path, tasks=None):
@@ -76,17 +91,18 @@ def load_rows(path, tasks=None):
     for n, row in read_jsonl(path):
         where = f"{path}:{n}"
         if "parent_code" in row or "child_code" in row:
-            if tasks is not None and row.get("problem_id") not in tasks:
-                _fail(where, f"discovery pair of problem {row.get('problem_id')!r} (family "
-                             f"{row.get('benchmark_family')!r}), which is not a task here; keep only "
-                             f"the gpu_mode family's pairs of {', '.join(tasks)}")
             row = discovery_row(row)
+            if tasks is not None and not _known_pack(row.get("pack"), tasks):
+                _fail(where, f"discovery pair of problem {row.get('problem_id')!r} (family "
+                             f"{row.get('benchmark_family')!r}), which is not a task here; keep the "
+                             f"gpu_mode family's pairs of {', '.join(tasks)} and the {KERNELBENCH_FAMILY} family's")
         missing = [k for k in REQUIRED_FIELDS if k not in row]
         if missing:
             _fail(where, f"missing field(s) {', '.join(missing)}; a training row needs "
                          f"{', '.join(REQUIRED_FIELDS)}")
-        if tasks is not None and row["pack"] not in tasks:
-            _fail(where, f"pack {row['pack']!r} is not a task; use one of {', '.join(tasks)}")
+        if tasks is not None and not _known_pack(row["pack"], tasks):
+            _fail(where, f"pack {row['pack']!r} is not a task; use one of {', '.join(tasks)}, "
+                         f"kernelbench:NAME or a problem file's path")
         stated = row.get("relative_bin", row.get("true_bin"))  # RL pool / eval-set schema
         try:
             row["true_bin"] = speedup_to_bin(row["aggregated_speedup"])

@@ -48,7 +48,15 @@ from pair_sampler import (check_kernel, effective_speedup, eval_row, format_repo
                           read_kernels, sample_pairs, unique_kernels)
 from records import RecordError, read_jsonl, write_atomic
 
-FAMILY = "gpu_mode"  # the paper's discovery pairs name a benchmark family; ours are all GPU MODE
+def family_of(task):
+    """The benchmark family a discovery pair names: gpu_mode for the six GPU MODE problems,
+    kernelbench_l3 for a KernelBench level-3 problem, else kernelbench or file (a problem file)."""
+    from tasks import TASK_NAMES
+    if task in TASK_NAMES:
+        return "gpu_mode"
+    if task.startswith(("kernelbench:3/", "kernelbench:level3/")):
+        return "kernelbench_l3"
+    return "kernelbench" if task.startswith("kernelbench:") else "file"
 
 
 class BuildError(Exception):
@@ -140,7 +148,7 @@ def discovery_pairs(kernels, experiment=""):
     for p, c in parent_child(kernels):
         g = effective_speedup(c) / effective_speedup(p)
         out.append({"pair_id": f"{p['kernel_id']}->{c['kernel_id']}", "problem_id": c["task"],
-                    "benchmark_family": FAMILY, "parent_code": p["code"], "child_code": c["code"],
+                    "benchmark_family": family_of(c["task"]), "parent_code": p["code"], "child_code": c["code"],
                     "g_speedup": g, "true_bin": speedup_to_bin(g), "hardware": c["hardware"],
                     "parent_node_id": p["kernel_id"], "child_node_id": c["kernel_id"],
                     "source_id": c["kernel_id"], "source_search": c["source_search"],
@@ -252,8 +260,9 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the pair sampler and the fill searches")
     p.add_argument("--mirrors", action="store_true", help="allow a pair and its mirror (b, a) both "
                    "in the eval set (the original's sampler); by default each unordered pair once")
-    p.add_argument("--holdout-task", choices=TASK_NAMES, default=None,
-                   help="leave this task out of the RL pool (the paper: gdn_chunk_fwd_o)")
+    p.add_argument("--holdout-task", default=None,
+                   help=f"leave this task out of the RL pool (the paper: gdn_chunk_fwd_o); one of "
+                        f"{', '.join(TASK_NAMES)}, or a problem file or kernelbench:LEVEL/NAME as its searches named it")
     g = p.add_argument_group("filling short bins (passed on to search.py)")
     g.add_argument("--fill", action="store_true", help="run a goal-conditioned search (search.py "
                    "--target-bin) for each bin short of --per-bin, task by task, until it is full")
@@ -266,6 +275,8 @@ def build_parser():
     g.add_argument("--scale", choices=("benchmark", "cpu"), default=None,
                    help="measurement scale of the fill searches (search.py's default if unset)")
     g.add_argument("--timeout", type=float, default=None, help="seconds per measurement")
+    g.add_argument("--kernelbench-dir", default=None, help="a KernelBench checkout, for searches whose "
+                   "--task was kernelbench:LEVEL/NAME (search.py's flag of the same name)")
     g.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="measure without the sandbox (search.py's flag of the same name)")
     return p
@@ -280,9 +291,9 @@ def search_fill(args):
     def fill(task, target_bin, folder):
         argv = ["--task", task, "--gate", "none", "--target-bin", str(target_bin), "--seed", str(args.seed),
                 "--mutator", args.mutator, "--out", str(folder), "--no-progress"]
-        for name in ("server", "model", "scale", "timeout"):
+        for name in ("server", "model", "scale", "timeout", "kernelbench_dir"):
             if getattr(args, name) is not None:
-                argv += [f"--{name}", str(getattr(args, name))]
+                argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         if args.fill_budget is not None:
             argv += ["--budget", str(args.fill_budget)]
         if args.unsafe_no_sandbox:

@@ -223,14 +223,15 @@ def _user_parts(task, reference_code, candidate_code, hardware, protocol):
     """The user message in two parts: what every candidate of (task, reference, hardware) shares,
     then the candidate. The shared part comes first so that its computation (a model's KV cache,
     a server's prefix cache) is done once per task and reused for every candidate."""
-    from tasks import get_task
-    task_module = get_task(task)  # an unknown task fails here, under both protocols
+    from tasks import prompt_view
+    label, description = prompt_view(task)  # an unknown task fails here, under both protocols
+    task = label  # a problem file's stem, not its path
     if protocol == "paper":  # the original's content and order: the hardware after the candidate
         shared = (f"Operation: {task}\n\nKernel `reference`:\n{_fence(reference_code)}\n\n")
         candidate = (f"Kernel `candidate`:\n{_fence(candidate_code)}\n\n"
                      f"Hardware:\n{hardware_table(hardware)}")
         return shared, candidate
-    description = task_module.DESCRIPTION.strip()
+    description = description.strip()
     shared = (f"Task: {task}\n\n{description}\n\n"
               f"Reference kernel (task {task}):\n{_fence(reference_code)}\n\n"
               f"Hardware:\n{hardware_table(hardware)}\n\n")

@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -277,9 +278,14 @@ def bar_chart(forecast, width=30):
 def build_parser():
     p = argparse.ArgumentParser(description="Forecast a candidate GPU kernel's speedup over a reference "
                                             "as probabilities over 8 bins, and gate the forecast.")
-    p.add_argument("--task", help="task name (one candidate mode), e.g. cross_entropy")
-    p.add_argument("--candidate", help="candidate kernel file (Python module defining custom_kernel)")
-    p.add_argument("--reference", help="reference kernel file (default: the task's seed kernel)")
+    p.add_argument("--task", help="task name (one candidate mode), e.g. cross_entropy; or a problem file "
+                   "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
+    p.add_argument("--kernelbench-dir", help="a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                   "(default $KERNELBENCH_DIR)")
+    p.add_argument("--candidate", help="candidate kernel file (Python module defining custom_kernel, or "
+                   "class ModelNew for a KernelBench problem)")
+    p.add_argument("--reference", help="reference kernel file (default: the task's seed kernel; a problem "
+                   "file's own source)")
     p.add_argument("--eval", metavar="ROWS.jsonl", help="forecast every row of an eval or training JSONL file")
     p.add_argument("--out", metavar="PRED.jsonl", help="prediction rows for --eval (appended; reruns resume)")
     p.add_argument("--repeats", type=int, default=1, help="forecasts per row for --eval (paper: 3)")
@@ -357,11 +363,13 @@ def main(argv=None, backend=None):
         elif not (args.task and args.candidate):
             raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
         else:
-            from tasks import get_task, seed_source
+            from tasks import get_task, reference_source
+            if args.kernelbench_dir:
+                os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
             get_task(args.task)
             try:
                 candidate = Path(args.candidate).read_text()
-                reference = Path(args.reference).read_text() if args.reference else seed_source(args.task)
+                reference = Path(args.reference).read_text() if args.reference else reference_source(args.task)
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
         if args.parse_retries is not None and args.parse_retries < 0:

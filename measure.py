@@ -70,7 +70,7 @@ from measure_sandbox import require_sandbox
 from measure_worker import case_str
 from records import cache_dir, write_atomic
 
-HARNESS_VERSION = "3.0"
+HARNESS_VERSION = "3.1"  # 3.1: outputs judged as GPU MODE judges them (cast, kinds of non-finite); GPU MODE shapes
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -82,6 +82,13 @@ PEAK_BANDWIDTH = [("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12)
 # Above this speedup a second, fresh measurement is taken and the slower of the two stands: an
 # extraordinary claim should not rest on one run of a noisy machine.
 CONFIRM_SPEEDUP = {"cuda": 10.0, "cpu": 10.0}
+# Bytes per element of the dtypes an output may have. GPU MODE casts an output to fp32 before its
+# tolerance check, so a dtype other than the reference's is no failure in itself (tasks/_check.py
+# decides on the values); the parent sizes the handover from the shape and this table.
+DTYPE_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2,
+               "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
+               "torch.float8_e5m2fnuz": 1, "torch.int64": 8, "torch.int32": 4, "torch.int16": 2,
+               "torch.int8": 1, "torch.uint8": 1, "torch.bool": 1}
 # Share of timed blocks whose picked call is handed over and checked in full (every correctness
 # block is): on a GPU a handover moves up to a gigabyte, so a random quarter there, unknown to the
 # candidate until its calls are committed.
@@ -189,12 +196,17 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
     unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
     """
-    from tasks import TASK_NAMES, get_task
+    from tasks import TASK_NAMES, get_task, resolve_task
 
-    # The parent never imports the task module or, on CPU, torch: the workers do (and boot faster
-    # for it), and the reference worker tells the parent what it needs to know of the task.
+    # The parent never imports a built-in task's module or, on CPU, torch: the workers do (and
+    # boot faster for it), and the reference worker tells the parent what it needs to know of the
+    # task. A problem file (the user's code) is imported here once, so that one lacking what its
+    # format needs fails now, in one line; the workers get its absolute path.
+    task = resolve_task(task)  # raises the ValueError that names the valid tasks
+    task_sha = ""
     if task not in TASK_NAMES:
-        get_task(task)  # raises the ValueError that names the valid tasks
+        get_task(task)
+        task_sha = hashlib.sha256(Path(task).read_bytes()).hexdigest()
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     if device != "cpu":
@@ -222,7 +234,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    key = hashlib.sha256(json.dumps([task, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
+    key = hashlib.sha256(json.dumps([task, task_sha, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
@@ -362,7 +374,7 @@ class _Session:
         self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
         self.check_spec(case, ref_commit["spec"], commit, n)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit)
+            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
         return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win])
 
     def calls(self, case, n, verify, per_window=1):
@@ -422,7 +434,7 @@ class _Session:
             self.check_spec(case, ref_specs[j], {"bad_spec": bad, "spec": cand_specs[j], "out_digests": [digests[j]]}, 1)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
             j = secrets.randbelow(n)
-            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests})
+            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j])
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
 
     def _saw_call(self, case, side, ms):
@@ -501,26 +513,31 @@ class _Session:
         if len(spec) != len(ref_spec):
             raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
         for i, (got, exp) in enumerate(zip(spec, ref_spec)):
-            for field in ("dtype", "shape", "device"):
+            for field in ("shape", "device"):
                 if got[field] != exp[field]:
                     raise _Outcome("incorrect", f"{where}: output[{i}] {field} {got[field]}, expected {exp[field]}")
+            if got["dtype"] not in DTYPE_BYTES:
+                raise _Outcome("incorrect", f"{where}: output[{i}] dtype {got['dtype']}, expected {exp['dtype']}")
         digests = commit["out_digests"]
         if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
 
-    def verify(self, case, pick, ref_spec, commit):
+    def verify(self, case, pick, ref_spec, commit, cand_spec):
         """The candidate's picked outputs against the reference's: bytes, checked by the reference
-        worker with the fingerprint the candidate committed to."""
+        worker with the fingerprint the candidate committed to. `cand_spec`: the picked call's
+        outputs as the candidate described them (check_spec passed them: known dtypes)."""
         t0 = time.perf_counter()
         try:
-            self._verify(case, pick, ref_spec, commit)
+            self._verify(case, pick, ref_spec, commit, cand_spec)
         finally:
             self.verify_s += time.perf_counter() - t0
 
-    def _verify(self, case, pick, ref_spec, commit):
+    def _verify(self, case, pick, ref_spec, commit, cand_spec):
         where = case_str(case)
         digests = commit["out_digests"]
-        n = sum(s["nbytes"] for s in ref_spec)  # sizes come from the trusted side
+        dtypes = [c["dtype"] for c in cand_spec]
+        # Sizes from the trusted side's shapes and the candidate's dtype of each output.
+        n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
         _room_for(self.dirs["handover"], n)
         cpu = self.device == "cpu"
         if cpu:
@@ -538,7 +555,7 @@ class _Session:
         if cpu:
             self._leave("cand")
         cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
-               "in_digest": header["in_digest"], **pick}
+               "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
         try:
             verdict = self._timed("ref", cmd, "checked")[0] if cpu else self._ref_call(cmd, "checked")
         finally:
@@ -780,8 +797,12 @@ def read_candidate(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Measure a candidate kernel against a task's PyTorch reference.")
-    parser.add_argument("--task", required=True, help="task name, e.g. cross_entropy (see tasks/)")
-    parser.add_argument("--candidate", required=True, help="path to a Python file defining custom_kernel(data)")
+    parser.add_argument("--task", required=True, help="task name, e.g. cross_entropy (see tasks/); or a problem file "
+                        "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
+    parser.add_argument("--kernelbench-dir", help="a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                        "(default $KERNELBENCH_DIR)")
+    parser.add_argument("--candidate", required=True, help="path to a Python file defining custom_kernel(data) "
+                        "(for a KernelBench problem: class ModelNew)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
     parser.add_argument("--scale", choices=["benchmark", "cpu"],
                         help="shapes to use: the paper's benchmark shapes (GPU default) or small CPU shapes (CPU default)")
@@ -796,6 +817,8 @@ def main(argv=None):
                              "leave processes behind and forge later measurements; only for code you trust")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    if args.kernelbench_dir:
+        os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
     try:
         source = read_candidate(args.candidate)
         m = measure(args.task, source, device=args.device, scale=args.scale, timeout_s=args.timeout,

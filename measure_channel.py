@@ -188,6 +188,8 @@ class WorkerProcess:
     def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=()):
         self.role, self.trusted, self.memory_bytes = role, role == "reference", memory_bytes
         argv = [sys.executable, "-B", WORKER, role, task, device]
+        if os.path.isabs(task):  # a problem file (the user's, trusted): both workers import it, read-only
+            binds_ro = [*binds_ro, task]
         tmp = "/tmp" if plan is not None else tempfile.mkdtemp(dir=exchange(), prefix=f"{role}-tmp-")
         env = worker_env(device, tmp)
         if visible is not None:

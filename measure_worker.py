@@ -28,6 +28,7 @@ Raw output bytes follow a {"op": "bytes", "n": N} line on the same channel.
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -39,7 +40,10 @@ DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded tempo
 
 
 def case_str(case):
-    return ",".join(f"{k}={v}" for k, v in case.items())
+    """A case in a verdict's message; a shape the CPU needs outside the original problem's set
+    (the task marks it `cpu_only`) says so, so that a failure there reads as what it is."""
+    text = ",".join(f"{k}={v}" for k, v in case.items() if k != "cpu_only")
+    return text + (" (a CPU-only shape, outside the original problem's)" if case.get("cpu_only") else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +96,26 @@ def weighted_sum(raw, a, b):
         w = ((idx * a + b) >> 7) & 0xFFFF
         total += int((x * w.to(torch.int32)).sum(dtype=torch.int64))  # < 2^8 * 2^16 a term: exact
     return total
+
+
+def describe_error(e):
+    """A kernel's exception in one line; a Triton API the installed Triton removed (block pointers,
+    `tl.make_block_ptr` and `tl.advance`, are gone from recent Triton) is named as such, not left
+    as the interpreter's or the compiler's bare error."""
+    text = f"{type(e).__name__}: {e}"
+    chain, x = [], e
+    while x is not None and len(chain) < 8:
+        chain.append(str(x))
+        x = x.__cause__ or x.__context__
+    for said in chain:
+        gone = re.search(r"module '(triton(?:\.language)?)' has no attribute '(\w+)'", said)
+        what = f"{gone.group(1)}.{gone.group(2)}" if gone else None
+        if what is None and re.search(r"[Bb]lock pointers have been removed", said):
+            what = "block pointers (tl.make_block_ptr, tl.advance; recent Triton has tensor descriptors instead)"
+        if what:
+            import triton
+            return f"the kernel needs {what}, which the installed Triton {triton.__version__} removed: rewrite that part without it"
+    return text
 
 
 def bytes_of_call(inputs, outputs):
@@ -227,16 +251,21 @@ class Worker:
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "candidate_kernel.py")
         with open(path, "w") as f:
             f.write(source)
+        # GPU MODE's template imports `task` (input_t, output_t): its stand-in is on the path.
+        sys.path.insert(0, os.path.join(ROOT, "tasks", "gpumode_shim"))
         t0 = time.perf_counter()
         try:
             spec = importlib.util.spec_from_file_location("candidate_kernel", path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            fn = module.custom_kernel
+            entry = getattr(self.task, "entry_point", None)  # a KernelBench task builds ModelNew
+            fn = entry(module, self.device) if entry else getattr(module, "custom_kernel", None)
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
-            return {"op": "error", "error": "compile_error", "message": f"{type(e).__name__}: {e}"}
+            return {"op": "error", "error": "compile_error", "message": describe_error(e)}
+        if fn is None:
+            return {"op": "error", "error": "compile_error", "message": "the candidate does not define custom_kernel(data)"}
         if not callable(fn):
             return {"op": "error", "error": "compile_error", "message": "custom_kernel is not callable"}
         self.fn = fn
@@ -279,10 +308,11 @@ class Worker:
         if cmd["index"] != len(outs):
             raise RuntimeError(f"call {cmd['index']} of block {bid} out of order")
         data = [map_inputs(x["path"], x["layout"])[0] for x in cmd["inputs"]]
+        given = [tensors_of(d) for d in data]  # before the call: keys a kernel adds are not inputs
         out, ms = self._run(case, data)
         if ms is None:
             return out  # the kernel's error
-        inputs.extend(data)
+        inputs.extend(given)
         outs.extend(out)
         specs = [spec_of(o) for o in out]
         good = all(x["plain"] and x.get("contiguous") for spec in specs for x in spec)
@@ -302,7 +332,7 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
-            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {type(e).__name__}: {e}"}, None
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e)}"}, None
 
     def run_block(self, cmd):
         """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
@@ -310,10 +340,13 @@ class Worker:
         case = cmd["case"]
         self.block = None
         inputs = [self.task.generate_input(case, s, device=self.device) for s in cmd["seeds"]]
+        # The input tensors each call was given, listed before the call: "modified its inputs"
+        # means their values changed; a key a kernel adds to a dict argument (a cache) is not one.
+        given = [tensors_of(x) for x in inputs]
         outs, ms = self._run(case, inputs)
         if ms is None:
             return outs  # the kernel's error
-        self.block = (cmd["id"], case, inputs, outs)
+        self.block = (cmd["id"], case, given, outs)
         if self.role != "reference":
             return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
         return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": bytes_of_call(inputs[0], outs[0])}
@@ -346,7 +379,7 @@ class Worker:
         payload = output_bytes(outs[j])
         reply = {"op": "bytes", "id": cmd["id"], "n": len(payload)}
         if self.device == "cuda":
-            reply["in_digest"] = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"])
+            reply["in_digest"] = digest(inputs[j], cmd["a"], cmd["b"])
         self.send(reply, payload)
 
     def check(self, cmd):
@@ -363,14 +396,19 @@ class Worker:
         output_bytes(expected)  # what the candidate's handover cost: the parent's allowance for it
         serialize_ms = (time.process_time() - t0) * 1e3
         reply = {"op": "checked", "id": bid, "ok": False, "serialize_ms": serialize_ms}
-        data = _read_exact(cmd["path"], sum(t.numel() * t.element_size() for t in exp_tensors))
+        # The candidate's dtype of each output (the parent let through only known ones): the
+        # task's check casts, as GPU MODE's does, so another dtype is no failure in itself.
+        dtypes = [getattr(torch, str(d).removeprefix("torch."), None) for d in cmd.get("dtypes") or [e.dtype for e in exp_tensors]]
+        if len(dtypes) != len(exp_tensors) or not all(isinstance(d, torch.dtype) for d in dtypes):
+            return {**reply, "message": "the candidate's outputs have dtypes the check cannot read"}
+        data = _read_exact(cmd["path"], sum(e.numel() * d.itemsize for e, d in zip(exp_tensors, dtypes)))
         if data is None:
             return {**reply, "message": "handed-over bytes missing or of the wrong size"}
         got, pos = [], 0
-        for e in exp_tensors:
-            n = e.numel() * e.element_size()
+        for e, d in zip(exp_tensors, dtypes):
+            n = e.numel() * d.itemsize
             raw = torch.frombuffer(bytearray(data[pos:pos + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
-            got.append(raw.view(e.dtype).reshape(e.shape).to(e.device))
+            got.append(raw.view(d).reshape(e.shape).to(e.device))
             pos += n
         if digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
             return {**reply, "forged": True,
@@ -378,7 +416,7 @@ class Worker:
         if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
             changed = hashlib.blake2b(output_bytes(inputs[j]), digest_size=16).hexdigest() != self.prepared[bid][j]
         else:  # GPU: the candidate's fingerprint of its inputs against ours of the pristine ones
-            changed = digest(tensors_of(inputs[j]), cmd["a"], cmd["b"]) != cmd["in_digest"]
+            changed = digest(inputs[j], cmd["a"], cmd["b"]) != cmd["in_digest"]
         if changed:
             return {**reply, "message": f"{case_str(case)}: the candidate modified its input tensors"}
         candidate = type(expected)(got) if isinstance(expected, (tuple, list)) else got[0]

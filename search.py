@@ -70,6 +70,7 @@ Decisions this file documents:
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -89,6 +90,7 @@ from puct import Archive
 from records import EventLog, RecordError, write_atomic
 from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
+import tasks
 from tasks import TASK_NAMES
 
 class SearchError(Exception):
@@ -103,7 +105,10 @@ class SearchError(Exception):
 class Args:
     """PUCT kernel search with an LLM mutator and a forecaster gate (the paper's Figure 4 with
     --compare)."""
-    task: str = flag(None, "the kernel task to optimise", choices=TASK_NAMES, required=True, logged=True)
+    task: str = flag(None, f"the kernel task to optimise: {', '.join(TASK_NAMES)}; or a problem file (KernelBench's "
+                     "format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME", required=True, logged=True)
+    kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                                       "(default $KERNELBENCH_DIR)")
     protocol: str = flag("ours", "paper: the original's search (its forecast prompt, one retry of a forecast "
                          "that does not parse, 4 children kept per parent, exactly --budget measurements); "
                          "ours: this project's (docs/FIDELITY.md)", choices=PROTOCOLS, logged=True)
@@ -205,6 +210,15 @@ def build_parser():
 def parse_args(argv=None):
     """Args from the command line, checked (a SearchError names the flag to fix)."""
     args = cli.parse(Args, argv)
+    if args.kernelbench_dir:
+        os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
+    try:
+        tasks.get_task(args.task)  # an unknown task, or a problem file lacking what its format needs
+    except ValueError as e:
+        raise SearchError(f"--task: {e}") from None
+    if args.task not in TASK_NAMES and not args.task.startswith("kernelbench:"):
+        # a problem file by its absolute path: the rows and logs name it wherever they are read
+        args = replace(args, task=str(Path(args.task).resolve()))
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise SearchError(f"--out {args.out} is an existing file; pass a folder (a new one, or a run's to resume it)")
     for name in ("budget", "steps", "parents", "mutations", "measure_per_parent", "keep_children"):
@@ -332,7 +346,7 @@ class Search:
         m = res["measurement"]
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
-                              f"check tasks/kernels/{self.args.task}/seed.py with measure.py")
+                              f"check the seed of --task {self.args.task} with measure.py")
         self.archive.add_seed("seed", self.seed_code, self.reward(m), info={"result": _brief(m)})
         self._row("seed", self.seed_code, m, "seed")
         self.seen = {self.seed_code.strip()}
@@ -446,7 +460,7 @@ class Search:
         self._write_outputs(t_start)
 
     def _row(self, node_id, code, m, pair_type):
-        run = f"{self.args.task}-{self.args.gate}-{self.args.seed}"
+        run = f"{tasks.task_label(self.args.task)}-{self.args.gate}-{self.args.seed}"
         self.rows.append(training_row(self.args.task, run, node_id, self.seed_code, code, m, pair_type))
 
     # ==== plumbing: the event log and its replay, the expensive calls, the outputs ================
@@ -557,7 +571,6 @@ def _progress(total, enabled):
 
 def run_one(args, gate, out, env, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
-    import tasks
     args = with_protocol_defaults(replace(
         args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
         mutations=args.mutations or (4 if gate == "none" else env.gated_mutations),
@@ -588,7 +601,7 @@ def main(argv=None):
         env = setup(args)
         if args.compare:
             gate = args.gate if args.gate != "none" else "topk"
-            out = Path(args.out or f"runs/{args.task}-compare-{args.seed}")
+            out = Path(args.out or f"runs/{tasks.task_label(args.task)}-compare-{args.seed}")
             results = {arm: run_one(args, g, out / arm, env) for arm, g in (("ungated", "none"), ("gated", gate))}
             print(f"{'':10}{'considered':>12}{'measured':>10}{'skipped':>9}{'best':>9}")
             for arm, s in results.items():
@@ -597,7 +610,7 @@ def main(argv=None):
             write_compare(out, results, args.task)
             print(f"wrote {out / 'compare.png'} and {out / 'compare.json'}")
         else:
-            out = Path(args.out or f"runs/{args.task}-{args.gate}-{args.seed}")
+            out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{args.gate}-{args.seed}")
             summary = run_one(args, args.gate, out, env)
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "

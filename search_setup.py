@@ -156,11 +156,14 @@ def setup(args, say=print):
         mutator_name = f"llm:{mutator_llm_name}"
         say(f"mutator: LLM {mutator_llm_name}")
     else:
-        mutator, mutator_name = CatalogMutator(tasks.variant_sources(args.task)), "catalog"
+        variants = tasks.variant_sources(args.task)
+        mutator, mutator_name = CatalogMutator(variants), "catalog"
         why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
             "no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU "
             f"machine with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
-        say(f"mutator: offline catalog (the task's hand-written variants and `# tune:` edits): {why}")
+        what = ("the task's hand-written variants and `# tune:` edits" if variants else
+                "no hand-written variants for this task: only `# tune:` edits of the kernels it has")
+        say(f"mutator: offline catalog ({what}): {why}")
 
     forecaster, forecaster_name = None, ""
     if costmodel:

@@ -1,4 +1,4 @@
-"""The paper's six GPU MODE problems, one module each.
+"""The paper's six GPU MODE problems, one module each; and any problem given as a file.
 
 Every task module defines the same names (the contract measure.py, forecaster.py and search.py
 rely on):
@@ -20,6 +20,12 @@ Python module that defines `custom_kernel(data)`. Each task's seed kernel (the P
 wrapped as `custom_kernel`, as in the paper) and hand-written variants live in
 `tasks/kernels/<task>/`: `seed.py` plus any other `*.py` file.
 
+A task is named by its built-in name, by the path of a problem file (KernelBench's format or this
+project's own: tasks/problem_file.py turns either into an object with the names above), or as
+`kernelbench:LEVEL/NAME`, a problem of a KernelBench checkout. `get_task` is the one place a
+`--task` value becomes a task. A file task has no hand-written variants; its seed is built from
+the file (problem_file.py).
+
 Tunable constants in kernel files are module-level integers annotated with their allowed values,
 `BLOCK_V = 1024  # tune: 256, 512, 1024, 2048`, so the offline catalog mutator of search.py can
 propose edits without an LLM.
@@ -38,11 +44,46 @@ TASK_NAMES = (
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 
 
+def _is_file_task(name):
+    return name not in TASK_NAMES and (name.startswith("kernelbench:") or name.endswith(".py") or "/" in name)
+
+
+def resolve_task(name):
+    """A `--task` value as the workers take it: a built-in name, else the problem file's absolute
+    path (a `kernelbench:` name found in its checkout). Raises ValueError naming what is wrong."""
+    if name in TASK_NAMES:
+        return name
+    if not _is_file_task(name):
+        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASK_NAMES)}, or give a problem "
+                         f"file's path (KernelBench's format or tasks/problem_file.py's) or kernelbench:LEVEL/NAME")
+    from tasks import problem_file
+    return problem_file.resolve(name)
+
+
 def get_task(name):
-    """Return the task module for `name`, or raise ValueError naming the valid choices."""
-    if name not in TASK_NAMES:
-        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASK_NAMES)}")
-    return importlib.import_module(f"tasks.{name}")
+    """The task for `name` (see resolve_task), or a ValueError naming the valid choices or what
+    the problem file lacks."""
+    path = resolve_task(name)
+    if path in TASK_NAMES:
+        return importlib.import_module(f"tasks.{name}")
+    from tasks import problem_file
+    return problem_file.load(path)
+
+
+def task_label(name):
+    """A short name for run folders and prompts: a built-in name as it is; a problem file, or a
+    kernelbench:LEVEL/NAME, by its stem (the name a file task's NAME holds)."""
+    return Path(name.removeprefix("kernelbench:")).stem if _is_file_task(name) else name
+
+
+def prompt_view(name):
+    """(label, description) of a task for a forecast's prompt. A KernelBench problem named as
+    `kernelbench:...` (a row of the paper's kernelbench_l3 discovery pairs) needs no checkout: its
+    rows carry the code, and the description says only what the format is."""
+    from tasks import problem_file
+    if name.startswith("kernelbench:"):
+        return name, problem_file.KERNELBENCH_DESCRIPTION
+    return task_label(name), get_task(name).DESCRIPTION
 
 
 def seed_path(name):
@@ -50,12 +91,23 @@ def seed_path(name):
 
 
 def seed_source(name):
-    """The seed kernel's source: the PyTorch reference wrapped as custom_kernel."""
+    """The seed kernel's source: the PyTorch reference wrapped as custom_kernel (a file task's
+    from its file: a KernelBench problem's Model renamed ModelNew)."""
+    if name not in TASK_NAMES:
+        return get_task(name).seed_source()
     return seed_path(name).read_text()
 
 
+def reference_source(name):
+    """The reference a forecast compares against: the seed kernel, or a problem file's source."""
+    return seed_source(name) if name in TASK_NAMES else get_task(name).source
+
+
 def variant_paths(name):
-    """Hand-written kernel variants of a task (every kernel file but the seed), sorted by name."""
+    """Hand-written kernel variants of a task (every kernel file but the seed), sorted by name;
+    none for a file task."""
+    if name not in TASK_NAMES:
+        return []
     folder = KERNELS_DIR / name
     return sorted(p for p in folder.glob("*.py") if p.name != "seed.py" and not p.name.startswith("_"))
 

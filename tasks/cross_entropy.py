@@ -40,8 +40,7 @@ Compute in fp32 and round only the stored gradient to bf16. Every output element
 (output buffers are not pre-zeroed). Both outputs are checked with rtol=1e-2, atol=1e-3 after the
 dtype and shape are checked exactly.
 
-Benchmark shapes: B = 4096 rows with V in {32000, 50264, 128256}; correctness is also checked at
-odd sizes (e.g. B=1000, V=32003; B=7, V=50264). The kernel is memory bound: the floor is reading
+Benchmark shapes: B = 4096 rows with V in {32000, 50264, 128256} (GPU MODE's test shapes too). The kernel is memory bound: the floor is reading
 each bf16 logit once and writing each bf16 gradient once (4*B*V bytes). A two-pass kernel (pass 1
 finds the row max and sum of exponentials, pass 2 re-reads the logits and writes gradients) moves
 about 6*B*V bytes; a row stays on chip only when it is small (64 KB of bf16 at V = 32000)."""
@@ -52,24 +51,20 @@ BENCHMARK_CASES = [
     {"B": 4096, "V": 128256},
 ]
 
-CHECK_CASES = [
-    {"B": 1000, "V": 32003},
-    {"B": 7, "V": 50264},
-    {"B": 4096, "V": 32000, "scale": 8.0},
-    {"B": 513, "V": 128256, "scale": 4.0, "shift": 200.0},
-    {"B": 64, "V": 50257, "scale": 16.0, "shift": -1000.0},
-]
+# GPU MODE's tests are its benchmark shapes: no other shape is checked on a GPU.
+CHECK_CASES = [dict(c) for c in BENCHMARK_CASES]
 
-# An interpreted Triton program costs ~0.4 ms, so a few hundred programs per case at most.
+# An interpreted Triton program costs ~0.4 ms, so a few hundred programs per case at most: every
+# CPU shape is outside the problem's own (B = 4096, V >= 32000), and its verdicts say so.
 CPU_CASES = [
-    {"B": 64, "V": 1000},
-    {"B": 64, "V": 4099},
+    {"B": 64, "V": 1000, "cpu_only": True},
+    {"B": 64, "V": 4099, "cpu_only": True},
 ]
 
 CPU_CHECK_CASES = [
-    {"B": 5, "V": 777},
-    {"B": 3, "V": 2053, "scale": 10.0, "shift": -300.0},
-    {"B": 16, "V": 1500, "scale": 30.0},
+    {"B": 5, "V": 777, "cpu_only": True},
+    {"B": 3, "V": 2053, "scale": 10.0, "shift": -300.0, "cpu_only": True},
+    {"B": 16, "V": 1500, "scale": 30.0, "cpu_only": True},
 ]
 
 
@@ -107,7 +102,8 @@ def reference(data):
 
 
 def check(output, expected):
-    return compare_outputs(output, expected, RTOL, ATOL, names=["losses", "grad_logits"])
+    # The original's checker asserts the dtypes (losses float32, grad_logits bf16) before comparing.
+    return compare_outputs(output, expected, RTOL, ATOL, names=["losses", "grad_logits"], exact_dtype=True)
 
 
 def min_bytes(case):

@@ -39,17 +39,15 @@ BENCHMARK_CASES = [
     {"B": 2, "T": 512, "H": 3, "K": 64, "V": 64},
     {"B": 2, "T": 1024, "H": 3, "K": 64, "V": 64},
 ]
-# GPU MODE's test shapes (K != V, K = 100 not a power of two), plus the slow-decay gate, under
-# which the state carried between chunks is large enough to expose recurrence bugs.
+# GPU MODE's test shapes, exactly; on CPU, smaller shapes of our own (labelled CPU-only in every
+# verdict), one with the slow-decay gate, under which the state carried between chunks is large.
 CHECK_CASES = [
-    {"B": 2, "T": 128, "H": 4, "K": 64, "V": 64, "gate": "slow"},
+    {"B": 1, "T": 64, "H": 2, "K": 64, "V": 64},
+    {"B": 2, "T": 128, "H": 4, "K": 64, "V": 64},
     {"B": 1, "T": 256, "H": 4, "K": 64, "V": 128},
-    {"B": 1, "T": 64, "H": 1, "K": 128, "V": 128},
-    {"B": 2, "T": 128, "H": 2, "K": 100, "V": 100, "gate": "slow"},
-    {"B": 1, "T": 1024, "H": 2, "K": 64, "V": 64, "gate": "slow"},
 ]
-CPU_CASES = [{"B": 1, "T": 128, "H": 2, "K": 32, "V": 32}]
-CPU_CHECK_CASES = [{"B": 2, "T": 192, "H": 1, "K": 48, "V": 40, "gate": "slow"}]
+CPU_CASES = [{"B": 1, "T": 128, "H": 2, "K": 32, "V": 32, "cpu_only": True}]
+CPU_CHECK_CASES = [{"B": 2, "T": 192, "H": 1, "K": 48, "V": 40, "gate": "slow", "cpu_only": True}]
 
 
 def generate_input(case, seed, device="cpu"):

@@ -13,7 +13,7 @@ layer norms: unlike cross_entropy, fusing and tensor-core use matter more than b
 The weights are part of the input, drawn from the seed like x, so a kernel cannot specialise on
 them. `data = (x, mask, weights, config)` with `weights` a dict of fp32 tensors named as in the
 GPU MODE reference and `config = {"dim", "hidden_dim"}`. Heavy-tailed (Cauchy) inputs and random
-0/1 masks are among the benchmark cases; the reference runs with TF32 off.
+0/1 masks (int64, as in GPU MODE) are among the benchmark cases; the reference runs with TF32 off.
 """
 import contextlib
 import math
@@ -41,7 +41,8 @@ Contract: write a Python module that defines `custom_kernel(data)` (Triton prefe
 triton, triton.language and math may be imported). `data = (x, mask, weights, config)`, already
 on the GPU:
   - x:      [bs, N, N, dim] torch.float32 (standard normal, or heavy-tailed Cauchy 2*tan(pi*(u-0.5)))
-  - mask:   [bs, N, N] torch.float32 of 0/1 values (all ones in the "nomask" cases)
+  - mask:   [bs, N, N] of 0/1 values: torch.float32 ones in the "nomask" cases, torch.int64
+            otherwise (as GPU MODE generates it)
   - weights: dict of torch.float32 tensors (torch.nn.Linear layout, out_features x in_features, no biases):
       "norm.weight" [dim], "norm.bias" [dim]                      input LayerNorm (eps 1e-5)
       "left_proj.weight", "right_proj.weight" [hidden, dim]
@@ -82,23 +83,30 @@ BENCHMARK_CASES = [
     _case(1024, 1, 384, True, "normal"),
 ]
 
+# GPU MODE's 18 test cases (its task.yml `tests`), checked on a GPU; the benchmark cases above
+# are its `benchmarks`. No shape outside the problem's own set: a kernel whose blocks follow N
+# is judged only on the shapes it was promised.
 CHECK_CASES = [
-    _case(37, 2, 128, False, "cauchy"),
-    _case(100, 1, 384, False, "normal"),
-    _case(255, 1, 128, True, "cauchy"),
-    _case(129, 3, 128, False, "normal"),
+    _case(32, 1, 128, True, "normal"), _case(32, 1, 128, False, "normal"),
+    _case(64, 2, 256, True, "normal"), _case(64, 2, 256, False, "normal"),
+    _case(128, 1, 768, True, "normal"),
+    _case(256, 1, 128, True, "normal"), _case(256, 1, 128, False, "normal"),
+    _case(768, 2, 128, True, "normal"),
+    _case(1024, 1, 384, False, "normal"),
+    _case(1024, 1, 768, True, "normal"), _case(1024, 1, 768, False, "normal"),
+    _case(32, 1, 128, True, "cauchy"),
+    _case(64, 2, 256, True, "cauchy"),
+    _case(128, 1, 768, True, "cauchy"),
+    _case(256, 1, 128, True, "cauchy"),
+    _case(768, 2, 128, True, "cauchy"),
+    _case(1024, 1, 384, False, "cauchy"),
+    _case(1024, 1, 768, False, "cauchy"),
 ]
 
-# Interpreted Triton costs grow with bs*N*N rows: keep each case near a second on CPU.
-CPU_CASES = [
-    _case(32, 1, 32, True, "normal"),
-    _case(24, 1, 32, False, "cauchy"),
-]
-
-CPU_CHECK_CASES = [
-    _case(17, 1, 32, False, "normal"),
-    _case(19, 2, 48, True, "cauchy"),
-]
+# On CPU, the smallest of those test cases (N=32, bs=1, dim=128): an interpreted Triton kernel
+# takes a few seconds a call there, so one is timed and the other two are checked.
+CPU_CASES = [_case(32, 1, 128, True, "normal")]
+CPU_CHECK_CASES = [_case(32, 1, 128, False, "normal"), _case(32, 1, 128, True, "cauchy")]
 
 
 def generate_input(case, seed, device="cpu"):
@@ -120,10 +128,11 @@ def generate_input(case, seed, device="cpu"):
         x = randn(bs, N, N, dim)
     else:
         raise ValueError(f"unknown distribution {case['distribution']!r}; use 'normal' or 'cauchy'")
+    # The mask's dtype as GPU MODE generates it: float32 ones, or int64 draws of 0 and 1.
     if case["nomask"]:
         mask = torch.ones(bs, N, N, device=device, dtype=torch.float32)
     else:
-        mask = torch.randint(0, 2, (bs, N, N), device=device, generator=gen).to(torch.float32)
+        mask = torch.randint(0, 2, (bs, N, N), device=device, generator=gen)
 
     # Scales as in the GPU MODE problem: projections by 1/sqrt(fan_out), LayerNorm affine ~ randn.
     weights = {

@@ -289,14 +289,27 @@ def test_discovery_pairs_are_forecast_child_against_parent_and_scored(tmp_path, 
     assert (d["flagged"], d["precision"], d["recall"], d["base_rate"]) == (3, pytest.approx(2 / 3), 1.0, 0.4)
 
 
-def test_discovery_pairs_of_other_benchmarks_are_refused_with_the_fix(tmp_path, capsys):
-    pair = json.loads((FIX / "paper_discovery_pairs.jsonl").read_text().splitlines()[0])
+def test_kernelbench_l3_discovery_pairs_load_forecast_and_score(tmp_path, capsys):
+    # the paper's other family: a KernelBench problem's pairs carry their code; the pack becomes
+    # kernelbench:<problem_id>, whose prompt needs no KernelBench checkout
+    pairs = [json.loads(line) for line in (FIX / "paper_discovery_pairs.jsonl").read_text().splitlines()]
+    kb = [{**p, "pair_id": f"kb-{p['pair_id']}", "problem_id": "L3/T11/vgg19", "benchmark_family": "kernelbench_l3"}
+          for p in pairs]
     path = tmp_path / "pairs.jsonl"
-    path.write_text(json.dumps({**pair, "problem_id": "L3/T11/vgg19", "benchmark_family": "kernelbench_l3"}) + "\n")
-    assert len(load_rows(path)) == 1  # any problem, when no task list is given
+    path.write_text("".join(json.dumps(p) + "\n" for p in kb + pairs[:1]))
+    rows = load_rows(path, tasks=TASK_NAMES)
+    assert [r["pack"] for r in rows] == ["kernelbench:L3/T11/vgg19"] * len(kb) + [pairs[0]["problem_id"]]
+    out, backend = tmp_path / "p.jsonl", ChildRecorder()
+    assert forecaster.main(["--eval", str(path), "--out", str(out), "--no-cache"], backend=backend) == 0
+    kb_prompts = [p for p in backend.prompts if "kernelbench:L3/T11/vgg19" in p]
+    assert len(kb_prompts) == len(kb) and all("KernelBench problem" in p for p in kb_prompts)
+    preds = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(p["id"] for p in preds) == sorted(p["pair_id"] for p in kb + pairs[:1])
+    capsys.readouterr()
+    assert metrics.main([str(out), "--discovery", "0.5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "kernelbench:L3/T11/vgg19" in report["tasks"] and report["discovery"]["flagged"] >= 1
+    # a pack that is neither a task nor a problem is still refused, naming the choices
+    path.write_text(json.dumps({**pairs[0], "problem_id": "vgg19", "benchmark_family": "other"}) + "\n")
     with pytest.raises(RecordError, match="gpu_mode"):
         load_rows(path, tasks=TASK_NAMES)
-    assert forecaster.main(["--eval", str(path), "--out", str(tmp_path / "p.jsonl"), "--no-cache"],
-                           backend=ChildRecorder()) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"{path}:1" in err and "kernelbench_l3" in err

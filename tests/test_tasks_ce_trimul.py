@@ -106,20 +106,31 @@ def test_cross_entropy_inputs():
 
 def test_trimul_inputs():
     task = get_task("trimul")
-    case = task.CPU_CASES[1]
-    assert case["distribution"] == "cauchy" and not case["nomask"]
+    case = dict(task.CPU_CHECK_CASES[0], distribution="cauchy")  # masked, heavy-tailed
+    assert not case["nomask"]
     x, mask, w, config = task.generate_input(case, 0, DEVICE)
     bs, N, dim = case["bs"], case["N"], case["dim"]
     assert x.dtype == torch.float32 and tuple(x.shape) == (bs, N, N, dim)
-    assert mask.dtype == torch.float32 and tuple(mask.shape) == (bs, N, N)
-    assert set(mask.unique().tolist()) == {0.0, 1.0}
+    # GPU MODE's masks: int64 draws of 0 and 1 in masked cases, float32 ones otherwise
+    assert mask.dtype == torch.int64 and tuple(mask.shape) == (bs, N, N)
+    assert set(mask.unique().tolist()) == {0, 1}
     assert float(x.abs().max()) > 100  # heavy tails
     assert config == {"dim": dim, "hidden_dim": 128}
     assert set(w) == set(task.WEIGHT_NAMES)
     assert tuple(w["left_proj.weight"].shape) == (128, dim) and tuple(w["to_out.weight"].shape) == (dim, 128)
     _, mask1, _, _ = task.generate_input(task.CPU_CASES[0], 0, DEVICE)  # nomask
-    assert bool((mask1 == 1).all())
+    assert mask1.dtype == torch.float32 and bool((mask1 == 1).all())
     assert float(task.generate_input(task.CPU_CASES[0], 0, DEVICE)[0].abs().max()) < 10  # normal
+
+
+def test_trimul_cases_are_gpu_modes():
+    """Checked on a GPU: exactly GPU MODE's 18 test cases; on CPU: its smallest ones only."""
+    task = get_task("trimul")
+    shapes = {(c["N"], c["bs"], c["dim"]) for c in task.CHECK_CASES}
+    assert len(task.CHECK_CASES) == 18 and shapes == {(32, 1, 128), (64, 2, 256), (128, 1, 768), (256, 1, 128),
+                                                      (768, 2, 128), (1024, 1, 384), (1024, 1, 768)}
+    for c in task.CPU_CASES + task.CPU_CHECK_CASES:
+        assert (c["N"], c["bs"], c["dim"]) == (32, 1, 128)
 
 
 # ---------------------------------------------------------------- reference and check
@@ -169,9 +180,17 @@ def test_check_accepts_reference_and_rejects_wrong_outputs(name):
     for i, t in enumerate(exp):
         def swap(new):
             return wrap([new if j == i else u.clone() for j, u in enumerate(exp)])
-        other_dtype = torch.float16 if t.dtype != torch.float16 else torch.float32
-        ok, msg = task.check(swap(t.to(other_dtype)), expected)
-        assert not ok and "dtype" in msg
+        # GPU MODE casts to fp32 before comparing: another dtype is judged on its values alone,
+        # unless the original checker asserts the dtype (cross_entropy's does)
+        if name == "cross_entropy":
+            ok, msg = task.check(swap(t.to(torch.float64)), expected)
+            assert not ok and "dtype" in msg
+            continue
+        assert task.check(swap(t.to(torch.float64)), expected) == (True, "ok")
+        if t.dtype == torch.float32:
+            wide = swap(perturb_one(t, t.numel() // 2, 1e4).to(torch.float64))
+            ok, msg = task.check(wide, expected)
+            assert not ok and "outside" in msg
         ok, msg = task.check(swap(t.reshape(-1)[:-1].clone()), expected)
         assert not ok and "shape" in msg
         ok, _ = task.check(swap(perturb_one(t, t.numel() // 2, float("nan"))), expected)

@@ -1,0 +1,114 @@
+"""GPU MODE submissions run here unchanged and are judged as GPU MODE's own checker judges them.
+
+The paper's code release scores five public TriMul leaderboard submissions; each kernel below is
+written here to mimic one behaviour of such a submission (none is copied): the template's header
+and imports, a cache kept on the weights dict it is given, an fp16 output, a mask ignored, a Triton
+API that recent Triton removed. Each runs through the real sandboxed CPU harness.
+"""
+import pytest
+
+import measure
+
+# The update in plain PyTorch, as a submission would write it (fp32, TF32 off on CPU anyway).
+TRIMUL = '''
+import torch
+import torch.nn.functional as F
+
+
+def _trimul(x, mask, w, config, use_mask=True):
+    z = F.layer_norm(x, (config["dim"],), w["norm.weight"], w["norm.bias"])
+    m = mask.unsqueeze(-1) if use_mask else 1.0
+    left = F.linear(z, w["left_proj.weight"]) * m * torch.sigmoid(F.linear(z, w["left_gate.weight"]))
+    right = F.linear(z, w["right_proj.weight"]) * m * torch.sigmoid(F.linear(z, w["right_gate.weight"]))
+    out = torch.einsum("...ikd,...jkd->...ijd", left, right)
+    out = F.layer_norm(out, (config["hidden_dim"],), w["to_out_norm.weight"], w["to_out_norm.bias"])
+    out = out * torch.sigmoid(F.linear(z, w["out_gate.weight"]))
+    return F.linear(out, w["to_out.weight"])
+'''
+
+
+def run(source):
+    return measure.measure("trimul", source, device="cpu", quick=True, use_cache=False)
+
+
+@pytest.mark.slow
+def test_template_submission_caching_on_its_weights_dict_with_fp16_output_is_ok():
+    # GPU MODE's template (the #!POPCORN header, `from task import ...`, custom_kernel(data)); the
+    # kernel keeps stacked weights in the dict it was given (every input tensor keeps its values:
+    # no modification of the inputs) and returns fp16 (GPU MODE casts to fp32, then compares).
+    src = "#!POPCORN leaderboard trimul\n#!POPCORN gpu H100\nfrom task import input_t, output_t\n" + TRIMUL + '''
+
+def custom_kernel(data: input_t) -> output_t:
+    x, mask, weights, config = data
+    if "_stacked" not in weights:
+        weights["_stacked"] = torch.cat([weights["left_proj.weight"], weights["right_proj.weight"]])
+    return _trimul(x, mask, weights, config).half()
+'''
+    m = run(src)
+    assert m.status == "ok", m.message
+
+
+@pytest.mark.slow
+def test_a_kernel_that_ignores_the_mask_is_incorrect():
+    m = run(TRIMUL + "\ndef custom_kernel(data):\n    return _trimul(*data, use_mask=False)\n")
+    assert m.status == "incorrect" and "nomask=False" in m.message
+
+
+@pytest.mark.slow
+def test_a_removed_triton_api_is_named_in_one_line():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    if hasattr(tl, "advance"):
+        pytest.skip(f"Triton {triton.__version__} still has tl.advance")
+    src = TRIMUL + '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(src, dst, n, BLOCK: tl.constexpr):
+    p = tl.make_block_ptr(src, (n,), (1,), (0,), (BLOCK,), (0,))
+    p = tl.advance(p, (BLOCK,))
+    tl.store(dst + tl.arange(0, BLOCK), tl.load(src + tl.arange(0, BLOCK)))
+
+
+def custom_kernel(data):
+    out = _trimul(*data)
+    flat = out.reshape(-1)
+    _copy[(1,)](flat, torch.empty_like(flat), flat.numel(), BLOCK=16)
+    return out
+'''
+    m = run(src)
+    assert m.status in ("runtime_error", "compile_error")
+    assert "removed" in m.message and "Triton" in m.message and "block pointers" in m.message and "\n" not in m.message
+
+
+def test_non_finite_values_match_kind_for_kind():
+    import torch
+
+    from tasks._check import compare_outputs
+    ref = torch.tensor([1.0, float("nan"), float("inf"), float("-inf")])
+    assert compare_outputs(ref.clone(), ref, 1e-3, 1e-3) == (True, "ok")
+    assert compare_outputs(ref.half(), ref, 1e-3, 1e-3) == (True, "ok")  # cast, then compared
+    for i, wrong in ((1, float("inf")), (2, float("nan")), (2, float("-inf")), (3, float("inf")), (0, float("nan"))):
+        out = ref.clone()
+        out[i] = wrong
+        ok, msg = compare_outputs(out, ref, 1e-3, 1e-3)
+        assert not ok and "where the reference is not" in msg
+
+
+def test_cpu_only_shapes_are_labelled_in_verdicts_and_gpu_cases_are_the_originals():
+    from measure_worker import case_str
+    from tasks import TASK_NAMES, get_task
+    for name in TASK_NAMES:
+        t = get_task(name)
+        assert not any(c.get("cpu_only") for c in t.BENCHMARK_CASES + t.CHECK_CASES), name
+    # GPU MODE's test shapes (its task.yml `tests`), checked on a GPU
+    assert [(c["B"], c["T"], c["H"], c["K"], c["V"]) for c in get_task("gdn_chunk_fwd_h").CHECK_CASES] == \
+        [(1, 64, 2, 64, 64), (2, 128, 4, 64, 64), (1, 256, 4, 64, 128)]
+    assert [(c["B"], c["V"]) for c in get_task("cross_entropy").CHECK_CASES] == \
+        [(4096, 32000), (4096, 50264), (4096, 128256)]
+    # trimul's CPU cases are GPU MODE's smallest; cross_entropy's cannot be, and say so
+    assert not any(c.get("cpu_only") for c in get_task("trimul").CPU_CASES)
+    case = get_task("cross_entropy").CPU_CASES[0]
+    assert case.get("cpu_only") and "CPU-only shape" in case_str(case) and "cpu_only" not in case_str(case)
