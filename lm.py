@@ -48,7 +48,7 @@ import torch
 
 import harmony
 from lm_memory import free_gpu_bytes, rows_that_fit
-from prefix_attention import use_prefix_attention
+from prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
 from records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
@@ -91,16 +91,18 @@ def model_not_found_message(name):
 
 def attention_for(config, on_gpu, attention="auto"):
     """The attention implementation to load a model with. "auto": flex attention for GPT-OSS on a
-    GPU, else transformers' default. GPT-OSS has no SDPA path (its attention sinks add a column to
-    every softmax), so transformers' default for it is eager attention, which builds the whole
-    [batch, heads, L, L] score tensor, several times over (scores, masked, with the sink column,
-    softmax): at a 4,600-token forecast prompt one copy is 2.7 GB per row (64 heads, bf16).
-    Flex attention computes the same softmax in tiles and never holds the scores; transformers
-    applies the sinks afterwards from the log-sum-exp flex returns. On a CPU transformers refuses
-    sinks under flex attention, hence eager there."""
+    GPU (ours, prefix_attention.FLEX_SINKS), else transformers' default. GPT-OSS has no SDPA path
+    (its attention sinks add a column to every softmax), so transformers' default for it is eager
+    attention, which builds the whole [batch, heads, L, L] score tensor, several times over
+    (scores, masked, with the sink column, softmax): at a 4,600-token forecast prompt one copy is
+    2.7 GB per row (64 heads, bf16). Flex attention computes the same softmax in tiles and never
+    holds the scores; the sinks are applied afterwards from the log-sum-exp flex returns.
+    prefix_attention.py's version keeps that log-sum-exp in fp32 and fails loudly where
+    transformers' "flex_attention" would silently fall back to materialising the scores. On a CPU
+    eager attention stays (flex attention has no fused CPU kernel there)."""
     if attention != "auto":
         return attention
-    return "flex_attention" if on_gpu and config.model_type == "gpt_oss" else None
+    return FLEX_SINKS if on_gpu and config.model_type == "gpt_oss" else None
 
 
 def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="auto", device=None):
@@ -129,6 +131,12 @@ def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="
     return kw
 
 
+def register_attention(impl):
+    """Our own attention implementations are registered with transformers before a model uses them."""
+    if impl == FLEX_SINKS:
+        use_flex_sinks()
+
+
 def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None, dequantize=False,
                attention="auto"):
     """(model, tokenizer) by name or folder, loaded as load_kwargs says; in eval mode unless
@@ -143,6 +151,7 @@ def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_
     config = AutoConfig.from_pretrained(name_or_path, **gguf)
     kw = load_kwargs(config, on_gpu=on_gpu, training=training, dequantize=dequantize, attention=attention,
                      device=device)
+    register_attention(kw.get("attn_implementation"))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **gguf, **kw)
     if not on_gpu:
         model = model.to(device or "cpu")
@@ -153,6 +162,7 @@ def use_attention(model, attention="auto"):
     """Switch a model already in memory (built from a config) to attention_for's choice."""
     impl = attention_for(model.config, next(model.parameters()).device.type == "cuda", attention)
     if impl and impl != model.config._attn_implementation:
+        register_attention(impl)
         model.set_attn_implementation(impl)
     return model
 
