@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 import harmony
-from lm_memory import free_gpu_bytes, rows_that_fit
+from lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
 from prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
 from records import cache_dir
 
@@ -129,6 +129,37 @@ def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="
     if impl:
         kw["attn_implementation"] = impl
     return kw
+
+
+def mxfp4_problem():
+    """None where transformers keeps a checkpoint's MXFP4 experts in MXFP4 on this machine's GPU;
+    else what is missing, in words. transformers (5.x) then loads them dequantised to bf16, with
+    only a warning: GPT-OSS-20B's weights are 41.8 GB instead of 13.8 GB. Its own test, for CUDA:
+    compute capability 7.5 or more, Triton 3.4 or newer, and the `kernels` package within the
+    version window it names (which the package index may not have: docs/GPU.md). Where all three
+    are met, it still fetches its MXFP4 kernels from the Hugging Face Hub at load time."""
+    from transformers.utils import import_utils
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if torch.cuda.get_device_capability() < (7, 5):
+        return "the GPU's compute capability is below 7.5"
+    if not import_utils.is_triton_available("3.4.0"):
+        return "Triton 3.4 or newer is not installed"
+    if not import_utils.is_kernels_available():
+        return (f"transformers needs the `kernels` package at {import_utils.KERNELS_MIN_VERSION} <= version < "
+                f"{import_utils.KERNELS_MAX_VERSION}, which is not installed")
+    return None
+
+
+def weights_on_load(config, *, on_gpu=True, training=False, dequantize=False):
+    """(bytes, "mxfp4" or "bf16"): a model's weights as load_model will hold them on a GPU (bf16,
+    with GPT-OSS's experts in MXFP4 only for inference without an adapter and where mxfp4_problem
+    finds nothing missing)."""
+    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    quantized = config.model_type == "gpt_oss" and method == "mxfp4"
+    mxfp4 = quantized and on_gpu and not (training or dequantize) and mxfp4_problem() is None
+    return weights_bytes(config, mxfp4=mxfp4), "mxfp4" if mxfp4 else "bf16"
 
 
 def register_attention(impl):

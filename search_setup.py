@@ -271,6 +271,19 @@ def weights_bytes(name_or_path):
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
 
 
+def llm_weights_bytes(name_or_path, adapter):
+    """A local LLM's weights as they will load (lm.weights_on_load: GPT-OSS's MXFP4 experts become
+    bf16, three times the checkpoint, with an adapter or where transformers cannot run MXFP4); the
+    files' size, three times it with an adapter, where the model's config cannot be read."""
+    from transformers import AutoConfig
+
+    from lm import weights_folder, weights_on_load
+    folder = weights_folder(name_or_path)
+    if folder is not None and (folder / "config.json").exists():
+        return weights_on_load(AutoConfig.from_pretrained(folder), dequantize=adapter)[0]
+    return weights_bytes(name_or_path) * (3 if adapter else 1)
+
+
 def place_local_llm(args, devices, say):
     """One GPU, two tenants. A local LLM generating on a GPU while a candidate is timed there
     disturbs the timing (the search mutates and forecasts the next parent while this one's
@@ -307,9 +320,8 @@ def gpu_memory_problem(task, local_models, llm_device, adapter, devices=("cuda:0
     mem_get_info = mem_get_info or torch.cuda.mem_get_info
     llm_index = torch.device(llm_device).index or 0 if llm_device else 0
     workers = 2 * worker_gpu_bytes(task)  # the reference and the candidate's sandbox, side by side
-    # Weights, plus a fifth for the KV cache and activations. An adapter on GPT-OSS needs its MXFP4
-    # experts dequantised to bf16: about three times the checkpoint.
-    llm_bytes = sum(weights_bytes(m) for m in local_models) * (3 if adapter else 1) * 1.2
+    # The weights as they will load (llm_weights_bytes), plus a fifth for the KV cache and activations.
+    llm_bytes = sum(llm_weights_bytes(m, adapter) for m in local_models) * 1.2
     gib = 2 ** 30
     for device in devices:
         index = torch.device(device).index or 0

@@ -69,6 +69,29 @@ def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
     assert search_setup.gpu_memory_problem("gdn_chunk_fwd_h", [], None, False, mem_get_info=h200_served) is None
 
 
+def test_memory_check_plans_gpt_oss_as_it_will_load(tmp_path, monkeypatch):
+    """Issue 22: GPT-OSS-20B's checkpoint is 13.8 GB of MXFP4 experts, but where transformers cannot
+    run MXFP4 (the pinned stack: no `kernels` package in the window it wants) it loads 41.8 GB of
+    bf16. The check plans what will load: beside cross_entropy's workers on a card with 60 GiB
+    free, the MXFP4 model fits and the bf16 one does not."""
+    import lm
+    import search_setup
+    from test_lm_memory import gpt_oss_20b_config
+    gib = 2 ** 30
+    model = tmp_path / "gpt-oss-20b"
+    gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"}).save_pretrained(model)
+    with open(model / "model-00001.safetensors", "wb") as f:
+        f.truncate(13 * gib)  # the checkpoint's size on disk, sparse
+    busy = lambda device: (60 * gib, 80 * gib)  # noqa: E731
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: None)
+    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 13.8
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: "no `kernels` package")
+    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 41.8
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy)
+    assert msg and "the local LLM needs about 47 GiB" in msg
+
+
 def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):
     import types
 
