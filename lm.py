@@ -151,14 +151,18 @@ def mxfp4_problem():
     return None
 
 
+def mxfp4_checkpoint(config):
+    """Whether a checkpoint holds GPT-OSS's experts in MXFP4 (as released)."""
+    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return config.model_type == "gpt_oss" and method == "mxfp4"
+
+
 def weights_on_load(config, *, on_gpu=True, training=False, dequantize=False):
     """(bytes, "mxfp4" or "bf16"): a model's weights as load_model will hold them on a GPU (bf16,
     with GPT-OSS's experts in MXFP4 only for inference without an adapter and where mxfp4_problem
     finds nothing missing)."""
-    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    quantized = config.model_type == "gpt_oss" and method == "mxfp4"
-    mxfp4 = quantized and on_gpu and not (training or dequantize) and mxfp4_problem() is None
+    mxfp4 = mxfp4_checkpoint(config) and on_gpu and not (training or dequantize) and mxfp4_problem() is None
     return weights_bytes(config, mxfp4=mxfp4), "mxfp4" if mxfp4 else "bf16"
 
 
@@ -271,6 +275,17 @@ class AdapterSwitch:
         self._merge(adapter_on)
         with contextlib.nullcontext() if adapter_on else self.model.disable_adapter():
             yield
+
+    @contextlib.contextmanager
+    def experts_merged(self):
+        """Run the block on base + adapter with the experts merged, and unmerge them after it:
+        GRPO samples from the policy this way (grpo_sampling.py), then trains on peft's unmerged
+        path, whose gradients reach the adapter's matrices."""
+        self._merge(True)
+        try:
+            yield
+        finally:
+            self._merge(False)
 
     @torch.no_grad()
     def _merge(self, merge):
