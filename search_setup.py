@@ -242,10 +242,27 @@ def setup(args, say=print):
     llm_gpu = args.llm_device and torch.device(args.llm_device)
     llm_waits = scale == "benchmark" and bool(local) and (bool(args.ray) or (
         llm_gpu is not None and llm_gpu.type == "cuda" and f"cuda:{llm_gpu.index or 0}" in pool.names))
+    # The same for a server on this machine when it has one GPU: the server can only be on it.
+    # (With several, which one a server holds is its own business: give it one the search does not
+    # measure on.)
+    shared = [u for u in {args.server, args.mutator_server} if u and local_url(u)]
+    if scale == "benchmark" and not args.ray and shared and torch.cuda.device_count() == 1:
+        llm_waits = True
+        say(f"note: the server at {shared[0]} shares this machine's one GPU with the measurements: the search "
+            "waits for those in flight before each of its calls, so nothing overlaps there")
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
                  gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
                  llm_waits=llm_waits, online=costmodel)
+
+
+def local_url(url):
+    """Whether a server's URL names this machine."""
+    import socket
+    from urllib.parse import urlparse
+    host = urlparse(url).hostname or ""
+    return (host in ("localhost", "0.0.0.0", "::1") or host.startswith("127.")
+            or host in (socket.gethostname(), socket.getfqdn()))
 
 
 # ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------

@@ -29,7 +29,12 @@ def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_p
             (3, [], ["cuda:0", "cuda:1"], False),  # the LLM on the last GPU, alone
             (3, ["--llm-device", "cuda:1", "--devices", "1,2"], ["cuda:1", "cuda:2"], True),
             (3, ["--server", "http://localhost:8000/v1"], ["cuda:0", "cuda:1", "cuda:2"], False),
-            (1, [], ["cuda:0"], True)]:  # one GPU for both
+            (1, [], ["cuda:0"], True),  # one GPU for both
+            # a server on this machine with one GPU can only be on it (issue 22); one elsewhere cannot
+            (1, ["--server", "http://127.0.0.1:8000/v1"], ["cuda:0"], True),
+            (1, ["--mutator-server", "http://localhost:8000/v1", "--mutator-model", "m", "--forecaster", "costmodel"],
+             ["cuda:0"], True),
+            (1, ["--server", "http://gpu-box.example:8000/v1"], ["cuda:0"], False)]:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
         env = search_setup.setup(search.parse_args(base + flags), say=lambda *a: None)
         env.pool.close()
