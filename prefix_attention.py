@@ -28,8 +28,7 @@ log-sum-exp (LSE) flex returns. transformers' own flex path has two faults this 
   compiles it silently runs flex attention uncompiled, which materialises the whole score matrix:
   the memory plan (lm_memory.py) no longer holds and a batch sized by it runs out of memory.
   Here flex attention is compiled with fullgraph=True, the limit raised to FLEX_RECOMPILE_LIMIT
-  (the compiles a search or a GRPO run needs, with room to spare: tests/test_prefix_attention.py
-  counts them) and dynamo told to fail on reaching it (fail_on_recompile_limit_hit), so a fall-back
+  (the compiles a search or a GRPO run needs, with room to spare) and dynamo told to fail on reaching it (fail_on_recompile_limit_hit), so a fall-back
   is an error, never a silent slowdown; flex_compiles() counts the compiles (scripts/gpu_check.py
   reports them).
 """
@@ -74,10 +73,13 @@ def use_prefix_attention(model):
 # ---- GPT-OSS on a GPU: flex attention with sinks ---------------------------------------------------
 
 FLEX_SINKS = "flex_sinks"
-# Compiles one process needs: the mask's structure (sliding or full layer, padded rows or not) x
-# prefill or decoding (dynamo specialises a length of 1) x first static, then dynamic shapes x
-# no-grad or training; a CPU run of generation, forecasts and the training passes counts them.
-FLEX_RECOMPILE_LIMIT = 64
+# Compiles of flex attention (and as many of its block masks) one process may need: the mask's
+# structure (sliding or full layer, padded rows or not) x prefill or decoding and one row or
+# several (dynamo specialises a size of 1) x no-grad or training x first static, then dynamic
+# shapes: up to 64. On a CPU, five generations of a tiny GPT-OSS varying all but gradients
+# compiled 14 (with dynamo's default limit of 8 the sixth would have fallen back); twice the worst
+# case leaves room, and gpu_check reports the real count.
+FLEX_RECOMPILE_LIMIT = 128
 _compiled = {}  # (function, backend) -> its torch.compile'd form
 _compiles = [0]
 
@@ -156,4 +158,7 @@ def use_flex_sinks():
     AttentionInterface.register(FLEX_SINKS, flex_sinks_attention)
     AttentionMaskInterface.register(FLEX_SINKS, flex_block_mask)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    # and the limit over all code objects, flex attention's and its block masks' with the rest
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           4 * FLEX_RECOMPILE_LIMIT)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
