@@ -1,4 +1,6 @@
 """Tests of lm_memory.py: how many rows a GPU holds, with GPT-OSS-20B's real config."""
+import pytest
+
 import lm_memory
 
 GIB = 2 ** 30
@@ -91,3 +93,28 @@ def test_training_bytes_of_a_grpo_row():
     one = lm_memory.training_bytes(cfg, tokens=12792)
     assert 10e9 < one < 14e9
     assert lm_memory.training_bytes(cfg, tokens=12792, rows=2) == 2 * one
+
+
+@pytest.mark.gpu
+def test_training_bytes_bounds_a_micro_batch_on_cuda():
+    """What train_grpo.py's start-up check plans for a micro-batch (lm_memory.training_bytes)
+    against what one takes on a GPU: 2 layers at GPT-OSS-20B's width and vocabulary, bf16, flex
+    attention, LoRA on attention and experts with gradient checkpointing, one 4,096-token row (1,024
+    prompt + 3,072 completion), forward and backward of the completion's log-probs."""
+    import torch
+    import lm
+    from transformers import GptOssForCausalLM
+    cfg = gpt_oss_20b_config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    with torch.device("cuda"):
+        model = lm.use_attention(GptOssForCausalLM(cfg).to(torch.bfloat16))
+    model = lm.add_lora(model, rank=32, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"]).train()
+    g = torch.Generator().manual_seed(0)
+    row = torch.randint(1000, 200000, (4096,), generator=g).tolist()
+    batch = lm.collate([{"prompt": row[:1024], "completion": row[1024:]}], 0, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    lm.completion_logprobs(model, batch).float().sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak <= lm_memory.training_bytes(cfg, tokens=4096, logit_positions=lm.LOGPROB_CHUNK), f"{peak / GIB:.1f} GiB"
