@@ -331,19 +331,20 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None, s
 
 # ---- the GPU's memory: the trainer, and a server beside it ----------------------------------------
 
-def training_memory_problem(free, total, *, weights, step, device="cuda:0", server=None, server_weights=0):
-    """None if `free` of `total` bytes of the trainer's GPU hold `weights` (0 once they are loaded:
-    `free` is then measured after them) and a micro-batch's `step` bytes (lm_memory.training_bytes)
-    with a fifth kept back, as the search's check keeps; else one line naming the fix. A vLLM
-    server on the same GPU holds --gpu-memory-utilization of it from its start: the fix is the
-    fraction that leaves the trainer its share, where what remains holds the server's own
-    `server_weights` and a fifth; else another GPU (docs/GPU.md, "GRPO with a server")."""
+def training_memory_problem(free, total, *, weights, step, loaded=False, device="cuda:0", server=None,
+                            server_weights=0):
+    """None if `free` of `total` bytes of the trainer's GPU hold its `weights` (already in memory
+    when `loaded`: `free` is then measured after them) and a micro-batch's `step` bytes
+    (lm_memory.training_bytes), with a fifth kept back, as the search's check keeps; else one line
+    naming the fix. A vLLM server on the same GPU holds --gpu-memory-utilization of it from its
+    start: the fix is the fraction that leaves the trainer its share, where what remains holds the
+    server's own `server_weights` and a fifth; else another GPU (docs/GPU.md, "GRPO with a server")."""
     need, gib = 1.2 * (weights + step), 2 ** 30
-    if need <= free:
+    if (1.2 * step if loaded else need) <= free:
         return None
-    what = (f"training needs about {need / gib:.0f} GiB ({weights / gib:.1f} GiB of bf16 weights and "
-            f"{step / gib:.1f} GiB for a micro-batch, plus a fifth)" if weights else
-            f"after the weights a micro-batch needs about {need / gib:.0f} GiB")
+    what = (f"after the weights a micro-batch needs about {1.2 * step / gib:.0f} GiB" if loaded else
+            f"training needs about {need / gib:.0f} GiB ({weights / gib:.1f} GiB of bf16 weights and "
+            f"{step / gib:.1f} GiB for a micro-batch, plus a fifth)")
     util = math.floor((total - need) / total * 100) / 100
     if server and total - need >= 1.2 * server_weights:
         fix = (f"if the server shares this GPU, restart it with --gpu-memory-utilization {util:.2f} or on another "
@@ -352,7 +353,7 @@ def training_memory_problem(free, total, *, weights, step, device="cuda:0", serv
         fix = "serve the model on another GPU (CUDA_VISIBLE_DEVICES)"
     else:
         fix = "free the GPU, or train on another one"
-    if weights == 0 or step > weights:
+    if loaded or step > weights:
         fix += ", or lower --micro-batch-size or --max-new-tokens"
     return f"{device} has {free / gib:.0f} of {total / gib:.0f} GiB free; {what}: {fix}; --no-memory-check skips this check"
 
@@ -369,13 +370,12 @@ def check_training_memory(args, device, *, config=None, prompt_tokens=0, max_new
         config = AutoConfig.from_pretrained(args.model)
     step = lm_memory.training_bytes(config, tokens=prompt_tokens + (max_new or args.max_new_tokens),
                                     rows=args.micro_batch_size, logit_positions=lm.LOGPROB_CHUNK)
-    weights = 0 if loaded else lm.weights_on_load(config, training=True)[0]
     free, total = torch.cuda.mem_get_info(device)
     if loaded:
         free = lm_memory.free_gpu_bytes(device)
     served = lm_memory.weights_bytes(config, mxfp4=lm.mxfp4_checkpoint(config))  # vLLM runs MXFP4 itself
-    problem = training_memory_problem(free, total, weights=weights, step=step, device=str(device), server=args.server,
-                                      server_weights=served)
+    problem = training_memory_problem(free, total, weights=lm.weights_on_load(config, training=True)[0], step=step,
+                                      loaded=loaded, device=str(device), server=args.server, server_weights=served)
     if problem:
         raise ValueError(problem)
 

@@ -615,7 +615,10 @@ def test_training_memory_check_beside_a_server_on_one_gpu():
     msg = train_grpo.training_memory_problem(80 * 10 ** 9 - int(0.3 * 80e9), 80 * 10 ** 9, weights=weights, step=step,
                                              server="http://localhost:8000/v1", server_weights=served)
     assert "another GPU" in msg and "--gpu-memory-utilization" not in msg
-    # after the weights, a micro-batch that does not fit names the flags that shrink it
-    msg = train_grpo.training_memory_problem(5 * 2 ** 30, total, weights=0, step=step)
-    assert "--micro-batch-size" in msg and "--max-new-tokens" in msg
+    # after the weights, a micro-batch that does not fit names the flags that shrink it, and a
+    # server's share that leaves room for weights and micro-batch
+    msg = train_grpo.training_memory_problem(5 * 2 ** 30, total, weights=weights, step=step, loaded=True,
+                                             server="http://localhost:8000/v1", server_weights=served)
+    assert "--micro-batch-size" in msg and "--max-new-tokens" in msg and f"--gpu-memory-utilization {util:.2f}" in msg
+    assert train_grpo.training_memory_problem(16 * 2 ** 30, total, weights=weights, step=step, loaded=True) is None
 
