@@ -67,18 +67,6 @@ def forecast_over_a_prefix(dtype):
 
 # ---- GPT-OSS: flex attention with sinks (on a CPU dynamo compiles it with the eager backend) ------
 
-def sink_reference(q, k, v, sinks, scale):
-    """GPT-OSS's attention in fp64, causal, sinks as an extra softmax column (transformers' eager)."""
-    q, k, v = q.double(), k.double().repeat_interleave(q.shape[1] // k.shape[1], 1), v.double()
-    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
-    scores = q @ k.transpose(-1, -2) * scale
-    n = scores.shape[-1]
-    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
-    column = sinks.double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    p = torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1]
-    return (p @ v).transpose(1, 2)
-
-
 def test_flex_sinks_keeps_the_log_sum_exp_in_fp32():
     """Issue 22: transformers' flex path rounds the fp32 log-sum-exp L to bf16 before the sinks'
     renormalisation exp(L - logaddexp(L, s)). Where L is large (sharp attention: here L ~ 30) bf16's
