@@ -2,7 +2,14 @@
 
 Each step needs G completions of every prompt from the policy being trained:
 - locally (the default): lm.LM.generate on the policy itself, the G rows of a prompt generating
-  from one forward of it (its KV cache), batches sized from the GPU's free memory;
+  from one forward of it (its KV cache), batches sized from the GPU's free memory, with the
+  adapter's expert matrices merged into the weights for the duration (lm.AdapterSwitch, as the
+  forecaster does): peft applies an unmerged expert LoRA by rebuilding each layer's whole expert
+  stack W + A B at every forward, decoding steps included (about 77 GB of memory traffic a step
+  for GPT-OSS-20B). They are unmerged, the base restored bit for bit, before the log-probs and
+  the update, which need peft's unmerged path (its gradients reach A and B). The merged weights
+  round W + A B once where peft adds the two products: the samples' distribution differs from the
+  policy's by that rounding, well inside what the ratio's clip tolerates;
 - on a server (--server, vLLM serving the base model): the completions endpoint continues the
   policy's own prompt token ids and returns the sampled token ids, so that train_grpo.py scores
   exactly those tokens under the local policy. The server's weights are not the policy's: unless
@@ -19,6 +26,7 @@ log-probs must be of the distribution sampled from: the policy's are tempered an
 the allowed tokens (lm.completion_logprobs), vLLM's by default raw (the same only at temperature 1
 without allowed tokens): serve with --logprobs-mode processed_logprobs (docs/GPU.md).
 """
+import contextlib
 import math
 import time
 
@@ -26,10 +34,11 @@ import torch
 
 
 def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
-                  share_prompt=True, server=None, served_model=None, sampler_logprobs=False):
+                  share_prompt=True, server=None, served_model=None, sampler_logprobs=False, switch=None):
     """G completions of each prompt (token ids) from the policy (an lm.LM), prompt-major:
     [{prompt, completion, text, seconds, sampler_logp}]. share_prompt: a prompt's forward runs once
-    and its G rows generate from its KV cache. server (forecaster_backends.OpenAIServerBackend):
+    and its G rows generate from its KV cache. switch: the policy's lm.AdapterSwitch, under which
+    local generation runs with the adapter's experts merged. server (forecaster_backends.OpenAIServerBackend):
     the G completions are sampled there instead, by `served_model` (the adapter last loaded into it,
     or the base model). sampler_logp: with server and sampler_logprobs, the server's log-prob of
     each completion token (None for a token it gave none for); else None."""
@@ -46,8 +55,9 @@ def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size
     else:
         was_training = policy.model.training
         policy.model.eval()
-        done = policy.generate(flat, max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
-                               prefixes=[p[:-1] for p in flat] if share_prompt else None, allowed=allowed)
+        with switch.experts_merged() if switch is not None else contextlib.nullcontext():
+            done = policy.generate(flat, max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
+                                   prefixes=[p[:-1] for p in flat] if share_prompt else None, allowed=allowed)
         done = [(ids, s, None) for ids, s in done]
         policy.model.train(was_training)
     return [{"prompt": p, "completion": c, "text": policy.decode(c), "seconds": s, "sampler_logp": lp}

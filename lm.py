@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 
 import harmony
-from lm_memory import free_gpu_bytes, rows_that_fit
-from prefix_attention import use_prefix_attention
+from lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
+from prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
 from records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
@@ -91,16 +91,18 @@ def model_not_found_message(name):
 
 def attention_for(config, on_gpu, attention="auto"):
     """The attention implementation to load a model with. "auto": flex attention for GPT-OSS on a
-    GPU, else transformers' default. GPT-OSS has no SDPA path (its attention sinks add a column to
-    every softmax), so transformers' default for it is eager attention, which builds the whole
-    [batch, heads, L, L] score tensor, several times over (scores, masked, with the sink column,
-    softmax): at a 4,600-token forecast prompt one copy is 2.7 GB per row (64 heads, bf16).
-    Flex attention computes the same softmax in tiles and never holds the scores; transformers
-    applies the sinks afterwards from the log-sum-exp flex returns. On a CPU transformers refuses
-    sinks under flex attention, hence eager there."""
+    GPU (ours, prefix_attention.FLEX_SINKS), else transformers' default. GPT-OSS has no SDPA path
+    (its attention sinks add a column to every softmax), so transformers' default for it is eager
+    attention, which builds the whole [batch, heads, L, L] score tensor, several times over
+    (scores, masked, with the sink column, softmax): at a 4,600-token forecast prompt one copy is
+    2.7 GB per row (64 heads, bf16). Flex attention computes the same softmax in tiles and never
+    holds the scores; the sinks are applied afterwards from the log-sum-exp flex returns.
+    prefix_attention.py's version keeps that log-sum-exp in fp32 and fails loudly where
+    transformers' "flex_attention" would silently fall back to materialising the scores. On a CPU
+    eager attention stays (flex attention has no fused CPU kernel there)."""
     if attention != "auto":
         return attention
-    return "flex_attention" if on_gpu and config.model_type == "gpt_oss" else None
+    return FLEX_SINKS if on_gpu and config.model_type == "gpt_oss" else None
 
 
 def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="auto", device=None):
@@ -129,6 +131,47 @@ def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="
     return kw
 
 
+def mxfp4_problem():
+    """None where transformers keeps a checkpoint's MXFP4 experts in MXFP4 on this machine's GPU;
+    else what is missing, in words. transformers (5.x) then loads them dequantised to bf16, with
+    only a warning: GPT-OSS-20B's weights are 41.8 GB instead of 13.8 GB. Its own test, for CUDA:
+    compute capability 7.5 or more, Triton 3.4 or newer, and the `kernels` package within the
+    version window it names (which the package index may not have: docs/GPU.md). Where all three
+    are met, it still fetches its MXFP4 kernels from the Hugging Face Hub at load time."""
+    from transformers.utils import import_utils
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if torch.cuda.get_device_capability() < (7, 5):
+        return "the GPU's compute capability is below 7.5"
+    if not import_utils.is_triton_available("3.4.0"):
+        return "Triton 3.4 or newer is not installed"
+    if not import_utils.is_kernels_available():
+        return (f"transformers needs the `kernels` package at {import_utils.KERNELS_MIN_VERSION} <= version < "
+                f"{import_utils.KERNELS_MAX_VERSION}, which is not installed")
+    return None
+
+
+def mxfp4_checkpoint(config):
+    """Whether a checkpoint holds GPT-OSS's experts in MXFP4 (as released)."""
+    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return config.model_type == "gpt_oss" and method == "mxfp4"
+
+
+def weights_on_load(config, *, on_gpu=True, training=False, dequantize=False):
+    """(bytes, "mxfp4" or "bf16"): a model's weights as load_model will hold them on a GPU (bf16,
+    with GPT-OSS's experts in MXFP4 only for inference without an adapter and where mxfp4_problem
+    finds nothing missing)."""
+    mxfp4 = mxfp4_checkpoint(config) and on_gpu and not (training or dequantize) and mxfp4_problem() is None
+    return weights_bytes(config, mxfp4=mxfp4), "mxfp4" if mxfp4 else "bf16"
+
+
+def register_attention(impl):
+    """Our own attention implementations are registered with transformers before a model uses them."""
+    if impl == FLEX_SINKS:
+        use_flex_sinks()
+
+
 def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None, dequantize=False,
                attention="auto"):
     """(model, tokenizer) by name or folder, loaded as load_kwargs says; in eval mode unless
@@ -143,6 +186,7 @@ def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_
     config = AutoConfig.from_pretrained(name_or_path, **gguf)
     kw = load_kwargs(config, on_gpu=on_gpu, training=training, dequantize=dequantize, attention=attention,
                      device=device)
+    register_attention(kw.get("attn_implementation"))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **gguf, **kw)
     if not on_gpu:
         model = model.to(device or "cpu")
@@ -153,6 +197,7 @@ def use_attention(model, attention="auto"):
     """Switch a model already in memory (built from a config) to attention_for's choice."""
     impl = attention_for(model.config, next(model.parameters()).device.type == "cuda", attention)
     if impl and impl != model.config._attn_implementation:
+        register_attention(impl)
         model.set_attn_implementation(impl)
     return model
 
@@ -256,6 +301,17 @@ class AdapterSwitch:
         self._merge(adapter_on)
         with contextlib.nullcontext() if adapter_on else self.model.disable_adapter():
             yield
+
+    @contextlib.contextmanager
+    def experts_merged(self):
+        """Run the block on base + adapter with the experts merged, and unmerge them after it:
+        GRPO samples from the policy this way (grpo_sampling.py), then trains on peft's unmerged
+        path, whose gradients reach the adapter's matrices."""
+        self._merge(True)
+        try:
+            yield
+        finally:
+            self._merge(False)
 
     @torch.no_grad()
     def _merge(self, merge):

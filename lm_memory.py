@@ -7,8 +7,49 @@ lm.LM.rows_at_once sizes each batch from these and the GPU's free memory, instea
 batch size that fits one prompt length and one GPU and overflows the next. The arithmetic is from
 the model's config; scripts/gpu_check.py puts it beside the peak memory measured on a real GPU, and
 docs/GPU.md works it through for GPT-OSS-20B.
+
+The start-up checks (search_setup.gpu_memory_problem, train_grpo.training_memory_problem) plan
+the weights as they will load (weights_bytes: GPT-OSS's checkpoint keeps its experts in MXFP4 only
+where transformers can run MXFP4, lm.mxfp4_problem; otherwise, and for training or an adapter, they
+load as bf16, three times the size) and a training micro-batch's activations (training_bytes).
 """
 import torch
+
+MXFP4_BITS = 4.25  # bits a weight: 4-bit values and one 8-bit scale per block of 32 (OCP microscaling)
+MXFP4_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")  # what GPT-OSS's checkpoint holds in MXFP4
+
+
+def parameter_counts(config):
+    """(parameters, of which in MXFP4_PARAMETERS) of a model with this config, counted on the meta
+    device: no memory, no weights."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = dict(model.named_parameters())  # tied weights once
+    return (sum(p.numel() for p in params.values()),
+            sum(p.numel() for n, p in params.items() if n.endswith(MXFP4_PARAMETERS)))
+
+
+def weights_bytes(config, *, mxfp4, dtype_bytes=2):
+    """Bytes of the weights in memory: the MXFP4_PARAMETERS at MXFP4_BITS when `mxfp4` (GPT-OSS's
+    checkpoint loaded where transformers runs MXFP4), everything else at dtype_bytes (bf16)."""
+    total, quantized = parameter_counts(config)
+    if not mxfp4:
+        return total * dtype_bytes
+    return int((total - quantized) * dtype_bytes + quantized * MXFP4_BITS / 8)
+
+
+def training_bytes(config, *, tokens, rows=1, logit_positions=1024, dtype_bytes=2):
+    """Peak bytes a training micro-batch of `rows` sequences of `tokens` adds beside the weights,
+    with gradient checkpointing (lm.add_lora turns it on on a GPU): every layer's input kept as its
+    checkpoint, one layer's activations recomputed with their gradients (taken as twice a no-grad
+    forward's, activation_bytes_per_token), and `logit_positions` positions of fp32 logits with
+    their gradient (lm.completion_logprobs projects a chunk at a time). The adapter and its
+    optimiser state are small beside these (a rank-32 LoRA on GPT-OSS-20B: tens of millions of
+    parameters)."""
+    checkpoints = config.num_hidden_layers * config.hidden_size * dtype_bytes
+    per_token = checkpoints + 2 * activation_bytes_per_token(config, dtype_bytes)
+    return rows * (tokens * per_token + 2 * min(tokens, logit_positions) * config.vocab_size * 4)
 
 
 def kv_bytes(config, tokens, *, sliding_capped=True, dtype_bytes=2):

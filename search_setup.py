@@ -245,10 +245,27 @@ def setup(args, say=print):
     llm_gpu = args.llm_device and torch.device(args.llm_device)
     llm_waits = scale == "benchmark" and bool(local) and (bool(args.ray) or (
         llm_gpu is not None and llm_gpu.type == "cuda" and f"cuda:{llm_gpu.index or 0}" in pool.names))
+    # The same for a server on this machine when it has one GPU: the server can only be on it.
+    # (With several, which one a server holds is its own business: give it one the search does not
+    # measure on.)
+    shared = [u for u in {args.server, args.mutator_server} if u and local_url(u)]
+    if scale == "benchmark" and not args.ray and shared and torch.cuda.device_count() == 1:
+        llm_waits = True
+        say(f"note: the server at {shared[0]} shares this machine's one GPU with the measurements: the search "
+            "waits for those in flight before each of its calls, so nothing overlaps there")
     return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                  forecaster=forecaster, forecaster_name=forecaster_name,
                  gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
                  llm_waits=llm_waits, online=costmodel)
+
+
+def local_url(url):
+    """Whether a server's URL names this machine."""
+    import socket
+    from urllib.parse import urlparse
+    host = urlparse(url).hostname or ""
+    return (host in ("localhost", "0.0.0.0", "::1") or host.startswith("127.")
+            or host in (socket.gethostname(), socket.getfqdn()))
 
 
 # ---- the GPU's memory: one GPU, two tenants -------------------------------------------------------
@@ -272,6 +289,19 @@ def weights_bytes(name_or_path):
     from lm import weights_folder
     folder = weights_folder(name_or_path)
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
+
+
+def llm_weights_bytes(name_or_path, adapter):
+    """A local LLM's weights as they will load (lm.weights_on_load: GPT-OSS's MXFP4 experts become
+    bf16, three times the checkpoint, with an adapter or where transformers cannot run MXFP4); the
+    files' size, three times it with an adapter, where the model's config cannot be read."""
+    from transformers import AutoConfig
+
+    from lm import weights_folder, weights_on_load
+    folder = weights_folder(name_or_path)
+    if folder is not None and (folder / "config.json").exists():
+        return weights_on_load(AutoConfig.from_pretrained(folder), dequantize=adapter)[0]
+    return weights_bytes(name_or_path) * (3 if adapter else 1)
 
 
 def place_local_llm(args, devices, say):
@@ -310,9 +340,8 @@ def gpu_memory_problem(task, local_models, llm_device, adapter, devices=("cuda:0
     mem_get_info = mem_get_info or torch.cuda.mem_get_info
     llm_index = torch.device(llm_device).index or 0 if llm_device else 0
     workers = 2 * worker_gpu_bytes(task)  # the reference and the candidate's sandbox, side by side
-    # Weights, plus a fifth for the KV cache and activations. An adapter on GPT-OSS needs its MXFP4
-    # experts dequantised to bf16: about three times the checkpoint.
-    llm_bytes = sum(weights_bytes(m) for m in local_models) * (3 if adapter else 1) * 1.2
+    # The weights as they will load (llm_weights_bytes), plus a fifth for the KV cache and activations.
+    llm_bytes = sum(llm_weights_bytes(m, adapter) for m in local_models) * 1.2
     gib = 2 ** 30
     for device in devices:
         index = torch.device(device).index or 0

@@ -83,6 +83,7 @@ import torch
 import bins
 import cli
 import lm
+import lm_memory
 import metrics
 from cli import flag
 from dataset import load_predictions, load_rows, prediction_row
@@ -152,6 +153,8 @@ class Args:
                           "be of the distribution it sampled from: vLLM's are raw (before temperature and "
                           "allowed tokens) unless it serves with --logprobs-mode processed_logprobs, the same only "
                           "at temperature 1 with the json format (docs/GPU.md)")
+    no_memory_check: bool = flag(False, "skip the start-up check that the weights and a micro-batch fit in the "
+                                 "GPU's free memory (beside a --server on the same GPU, say; docs/GPU.md)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm")
     no_gradient_checkpointing: bool = flag(False, "faster on a GPU, more memory; lets the training pass "
                                            "share each prompt's forward too (a checkpointed layer drops caches)")
@@ -303,14 +306,14 @@ def grpo_loss(logp, old_logp, advantages, mask, n_tokens, clip_eps=0.2, ref_logp
 
 # ---- evaluation ----------------------------------------------------------------------------------
 
-def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
+def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None, switch=None):
     """Forecast the held-out rows, write OUT/predictions.jsonl (ARCHITECTURE.md's prediction rows,
     readable by `python metrics.py`) and OUT/eval_summary.json (metrics.report)."""
     n = args.eval_samples if args.eval_temperature > 0 else 1
     prompts = [prompt_fn(r) for r in rows]
     share = not args.no_prefix_cache and lm.sharing_pays(prompts, n, args.share_min_tokens)
     samples = sample_groups(policy, prompts, n, temperature=args.eval_temperature, max_new_tokens=max_new,
-                            batch_size=args.gen_batch_size or None, allowed=allowed, share_prompt=share)
+                            batch_size=args.gen_batch_size or None, allowed=allowed, share_prompt=share, switch=switch)
     name = lm.EMBEDDED_NAME if args.embedded else args.model
     preds = []
     for j, s in enumerate(samples):
@@ -324,6 +327,57 @@ def evaluate(policy, rows, prompt_fn, parse, args, out, max_new, allowed=None):
     summary = metrics.report(load_predictions(path))
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+# ---- the GPU's memory: the trainer, and a server beside it ----------------------------------------
+
+def training_memory_problem(free, total, *, weights, step, loaded=False, device="cuda:0", server=None,
+                            server_weights=0):
+    """None if `free` of `total` bytes of the trainer's GPU hold its `weights` (already in memory
+    when `loaded`: `free` is then measured after them) and a micro-batch's `step` bytes
+    (lm_memory.training_bytes), with a fifth kept back, as the search's check keeps; else one line
+    naming the fix. A vLLM server on the same GPU holds --gpu-memory-utilization of it from its
+    start: the fix is the fraction that leaves the trainer its share, where what remains holds the
+    server's own `server_weights` and a fifth; else another GPU (docs/GPU.md, "GRPO with a server")."""
+    need, gib = 1.2 * (weights + step), 2 ** 30
+    if (1.2 * step if loaded else need) <= free:
+        return None
+    what = (f"after the weights a micro-batch needs about {1.2 * step / gib:.0f} GiB" if loaded else
+            f"training needs about {need / gib:.0f} GiB ({weights / gib:.1f} GiB of bf16 weights and "
+            f"{step / gib:.1f} GiB for a micro-batch, plus a fifth)")
+    util = math.floor((total - need) / total * 100) / 100
+    if server and total - need >= 1.2 * server_weights:
+        fix = (f"if the server shares this GPU, restart it with --gpu-memory-utilization {util:.2f} or on another "
+               "GPU (CUDA_VISIBLE_DEVICES)")
+    elif server:
+        fix = "serve the model on another GPU (CUDA_VISIBLE_DEVICES)"
+    else:
+        fix = "free the GPU, or train on another one"
+    if loaded or step > weights:
+        fix += ", or lower --micro-batch-size or --max-new-tokens"
+    return f"{device} has {free / gib:.0f} of {total / gib:.0f} GiB free; {what}: {fix}; --no-memory-check skips this check"
+
+
+def check_training_memory(args, device, *, config=None, prompt_tokens=0, max_new=None, loaded=False):
+    """training_memory_problem for this process's GPU (ValueError), before the weights load (from
+    the model's config: lm.weights_on_load) and again after them with the prompts' real length."""
+    if device.type != "cuda" or args.no_memory_check:
+        return
+    if config is None:
+        from transformers import AutoConfig
+        if not lm.weights_available(args.model):
+            return  # load_model says what to do
+        config = AutoConfig.from_pretrained(args.model)
+    step = lm_memory.training_bytes(config, tokens=prompt_tokens + (max_new or args.max_new_tokens),
+                                    rows=args.micro_batch_size, logit_positions=lm.LOGPROB_CHUNK)
+    free, total = torch.cuda.mem_get_info(device)
+    if loaded:
+        free = lm_memory.free_gpu_bytes(device)
+    served = lm_memory.weights_bytes(config, mxfp4=lm.mxfp4_checkpoint(config))  # vLLM runs MXFP4 itself
+    problem = training_memory_problem(free, total, weights=lm.weights_on_load(config, training=True)[0], step=step,
+                                      loaded=loaded, device=str(device), server=args.server, server_weights=served)
+    if problem:
+        raise ValueError(problem)
 
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
@@ -363,7 +417,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     if (out / "log.jsonl").exists() and not args.resume:
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
+    max_new = args.votes if args.answer_format == "votes" else args.max_new_tokens
     if model is None:
+        if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
+            check_training_memory(args, device, max_new=max_new)
         model, tokenizer = (lm.load_embedded() if args.embedded else
                             lm.load_model(args.model, device=device, training=True, attention=args.attention))
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
@@ -371,15 +428,15 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
                         expert_lora=not args.no_expert_lora, device=device,
                         gradient_checkpointing=not args.no_gradient_checkpointing)
     policy = LM(model, tokenizer, reasoning_effort=args.reasoning_effort)
+    switch = lm.AdapterSwitch(model)  # local sampling merges the adapter's experts (grpo_sampling.py)
     model.train()
     prompt_fn = prompt_fn or make_prompt_fn(policy, args)
     parse = parse or ((lambda text: parse_votes(text, args.votes)) if args.answer_format == "votes"
                       else parse_answer)
-    allowed, max_new = None, args.max_new_tokens
+    allowed = None
     if args.answer_format == "votes":  # the completion is exactly K bin digits
         allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
         allowed[policy.candidate_ids(DIGITS)] = True  # ValueError unless each is one token
-        max_new = args.votes
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     start = load_checkpoint(model, optimizer, out, args) if args.resume else 0
@@ -389,6 +446,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     G, temperature, records = args.group_size, args.temperature, []
     # one prompt forward serves a group's samples (lm.prompt_kv) where that pays, the same in every process
     probe = [prompt_fn(r) for r in train_rows[:8]]
+    if device.type == "cuda":  # with the weights loaded: a micro-batch at the longest row's real prompt length
+        longest = max(train_rows, key=lambda r: len(r["anchor_code"]) + len(r["candidate_code"]))
+        check_training_memory(args, device, config=model.config, prompt_tokens=len(prompt_fn(longest)),
+                              max_new=max_new, loaded=True)
     share_prompt = not args.no_prefix_cache and lm.sharing_pays(probe, G, args.share_min_tokens)
     share = share_prompt and not checkpointing(model)  # the training pass too (a checkpointed layer drops caches)
     server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
@@ -409,7 +470,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             served = sync_server_adapter(acc, server, wrapped, out, step)
         samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
                                 max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
-                                share_prompt=share_prompt, server=server, served_model=served, sampler_logprobs=tis)
+                                share_prompt=share_prompt, server=server, served_model=served, sampler_logprobs=tis,
+                                switch=switch)
         # 2. parse each completion into a forecast; 3. reward it against the measured bin
         rewards, totals = [], {}
         for i, row in enumerate(rows):
@@ -505,7 +567,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         acc.unwrap_model(wrapped).save_pretrained(out / "adapter", save_embedding_layers=False)
         if eval_rows:
             seed_everything(args.seed, args.steps, 0)  # the same forecasts after a --resume
-            summary = evaluate(policy, eval_rows, prompt_fn, parse, args, out, max_new, allowed)
+            summary = evaluate(policy, eval_rows, prompt_fn, parse, args, out, max_new, allowed, switch)
     return {"log": records, "eval": summary}
 
 

@@ -59,3 +59,32 @@ def test_importance_weights_are_capped_ratios_and_one_where_unknown():
     got = grpo_sampling.sampler_logprobs_batch(samples, 3, "cpu")
     assert torch.equal(got.isnan(), torch.tensor([[False, True, False], [False, True, True]]))
     assert got[0, 0] == -1.0 and got[0, 2] == -2.0 and got[1, 0] == -3.0
+
+
+def test_local_sampling_merges_the_expert_lora_and_unmerges_it_after(monkeypatch):
+    """Issue 22: peft applies an unmerged expert LoRA by folding W + A B into a fresh copy of the
+    whole expert stack at every forward of every expert layer, decoding steps included. With the
+    policy's AdapterSwitch, sampling merges the experts once (no fold during generation), the
+    greedy samples are the unmerged policy's, and afterwards the base expert weights are bit for
+    bit what they were and the adapter unmerged (training needs peft's path)."""
+    from peft.tuners.lora.layer import ParamWrapper
+    from test_lm import expert_params, lora_policy
+    from tiny_models import tiny_tokenizer
+    model = lora_policy()
+    policy, original = lm.LM(model, tiny_tokenizer()), expert_params(model)
+    folds, fold = [0], ParamWrapper._activate_lora
+
+    def counted(self, *a, **kw):
+        folds[0] += 1
+        return fold(self, *a, **kw)
+    monkeypatch.setattr(ParamWrapper, "_activate_lora", counted)
+    prompts, kw = [[5, 6, 7, 8, 9], [10, 11, 12]], dict(temperature=0, max_new_tokens=6, batch_size=4)
+    plain = grpo_sampling.sample_groups(policy, prompts, 2, **kw)
+    assert folds[0] >= 6 * len(lm.AdapterSwitch(model).experts)  # every layer, every step
+    folds[0] = 0
+    switch = lm.AdapterSwitch(model)
+    merged = grpo_sampling.sample_groups(policy, prompts, 2, switch=switch, **kw)
+    assert folds[0] == 0 and len(switch.experts) == 4  # 2 layers x (gate_up, down)
+    assert [s["completion"] for s in merged] == [s["completion"] for s in plain]
+    assert not switch.merged and all(not w.merged_adapters for w in switch.experts)
+    assert all(torch.equal(p, original[n]) for n, p in expert_params(model).items())

@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm  # noqa: E402
 import lm_memory  # noqa: E402
+import prefix_attention  # noqa: E402
 import tiny_models  # noqa: E402
 from test_lm_memory import GIB, gpt_oss_20b_config  # noqa: E402
 from test_train_grpo import tiny_policy  # noqa: E402
@@ -25,15 +26,15 @@ def test_gpt_oss_loads_with_flex_attention_on_a_gpu_and_dequantised_for_an_adapt
     cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
     assert GptOssForCausalLM._supports_flex_attn and not GptOssForCausalLM._supports_sdpa
     gpu = lm.load_kwargs(cfg, on_gpu=True)
-    assert gpu == {"dtype": "auto", "device_map": "auto", "attn_implementation": "flex_attention"}
+    assert gpu == {"dtype": "auto", "device_map": "auto", "attn_implementation": prefix_attention.FLEX_SINKS}
     # an adapter: the MXFP4 experts become bf16 tensors its expert matrices can attach to
     adapted = lm.load_kwargs(cfg, on_gpu=True, dequantize=True)
     assert isinstance(adapted["quantization_config"], Mxfp4Config) and adapted["quantization_config"].dequantize
     train = lm.load_kwargs(cfg, on_gpu=True, training=True, device=torch.device("cuda", 1))
     assert train["dtype"] == torch.bfloat16 and train["device_map"] == {"": torch.device("cuda", 1)}
-    assert train["quantization_config"].dequantize and train["attn_implementation"] == "flex_attention"
+    assert train["quantization_config"].dequantize and train["attn_implementation"] == prefix_attention.FLEX_SINKS
     assert lm.load_kwargs(cfg, on_gpu=True, device=torch.device("cuda", 1))["device_map"] == {"": torch.device("cuda", 1)}
-    # CPU: transformers' default (eager; its flex path refuses GPT-OSS's sinks there); a flag overrides
+    # CPU: transformers' default (eager: flex attention has no fused CPU kernel); a flag overrides
     assert lm.load_kwargs(cfg, on_gpu=False) == {"dtype": torch.float32}
     assert lm.load_kwargs(cfg, on_gpu=True, attention="eager")["attn_implementation"] == "eager"
     # other models keep their default (SDPA); a checkpoint without MXFP4 is never given a quantizer
@@ -232,7 +233,7 @@ def tiny_pair_on_cuda(dtype=torch.float32):
     """The same tiny GPT-OSS twice on the GPU, eager and flex attention."""
     eager = tiny_models.tiny_gpt_oss(seed=3).to("cuda", dtype)
     flex = lm.use_attention(copy.deepcopy(eager), "auto")
-    assert flex.config._attn_implementation == "flex_attention"
+    assert flex.config._attn_implementation == prefix_attention.FLEX_SINKS
     return eager, flex
 
 
@@ -259,6 +260,31 @@ def test_flex_attention_matches_eager_on_cuda_with_padding_and_prefix_reuse():
     batch = lm.collate(samples, 0, "cuda")
     with torch.no_grad():
         assert (lm.completion_logprobs(eager, batch) - lm.completion_logprobs(flex, batch)).abs().max() < 1e-4
+
+
+@pytest.mark.gpu
+def test_flex_sinks_compiles_a_bounded_number_of_times_on_cuda():
+    """The mix of shapes a search and a GRPO step bring (generation with left padding, with and
+    without cached prefixes, a one-row forecast over a prefix, the training pass with gradients),
+    three rounds of growing lengths: the first two compile what the mix needs, without reaching
+    the recompile limit (which would raise), the third compiles nothing. gpu_check reports the count."""
+    _, flex = tiny_pair_on_cuda(torch.bfloat16)
+    policy = lm.LM(flex, tiny_models.tiny_tokenizer())
+    rows, prefixes = left_padded_rows()
+
+    def mix(k):
+        longer = [r + [7] * k for r in rows]
+        for pre in (None, prefixes):
+            policy.generate(longer, max_new_tokens=12, temperature=1.0, batch_size=3, prefixes=pre)
+        policy.next_token_probs(longer[:1], [1, 2], batch_size=1, prefixes=prefixes[:1])
+        batch = lm.collate([{"prompt": r, "completion": list(range(100, 104 + k))} for r in longer], 0, "cuda")
+        lm.completion_logprobs(flex.train(), batch).float().sum().backward()
+        flex.eval()
+    mix(0)
+    mix(3)
+    first = prefix_attention.flex_compiles()
+    mix(5)
+    assert prefix_attention.flex_compiles() == first > 0
 
 
 @pytest.mark.gpu

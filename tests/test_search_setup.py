@@ -29,7 +29,12 @@ def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_p
             (3, [], ["cuda:0", "cuda:1"], False),  # the LLM on the last GPU, alone
             (3, ["--llm-device", "cuda:1", "--devices", "1,2"], ["cuda:1", "cuda:2"], True),
             (3, ["--server", "http://localhost:8000/v1"], ["cuda:0", "cuda:1", "cuda:2"], False),
-            (1, [], ["cuda:0"], True)]:  # one GPU for both
+            (1, [], ["cuda:0"], True),  # one GPU for both
+            # a server on this machine with one GPU can only be on it (issue 22); one elsewhere cannot
+            (1, ["--server", "http://127.0.0.1:8000/v1"], ["cuda:0"], True),
+            (1, ["--mutator-server", "http://localhost:8000/v1", "--mutator-model", "m", "--forecaster", "costmodel"],
+             ["cuda:0"], True),
+            (1, ["--server", "http://gpu-box.example:8000/v1"], ["cuda:0"], False)]:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
         env = search_setup.setup(search.parse_args(base + flags), say=lambda *a: None)
         env.pool.close()
@@ -67,6 +72,29 @@ def test_memory_check_names_the_fix_when_llm_and_workers_do_not_fit(tmp_path):
     assert 141 * gib * (1 - util) >= workers  # what the message suggests leaves the workers room
     # The small GDN tasks fit beside the same server.
     assert search_setup.gpu_memory_problem("gdn_chunk_fwd_h", [], None, False, mem_get_info=h200_served) is None
+
+
+def test_memory_check_plans_gpt_oss_as_it_will_load(tmp_path, monkeypatch):
+    """Issue 22: GPT-OSS-20B's checkpoint is 13.8 GB of MXFP4 experts, but where transformers cannot
+    run MXFP4 (the pinned stack: no `kernels` package in the window it wants) it loads 41.8 GB of
+    bf16. The check plans what will load: beside cross_entropy's workers on a card with 60 GiB
+    free, the MXFP4 model fits and the bf16 one does not."""
+    import lm
+    import search_setup
+    from test_lm_memory import gpt_oss_20b_config
+    gib = 2 ** 30
+    model = tmp_path / "gpt-oss-20b"
+    gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"}).save_pretrained(model)
+    with open(model / "model-00001.safetensors", "wb") as f:
+        f.truncate(13 * gib)  # the checkpoint's size on disk, sparse
+    busy = lambda device: (60 * gib, 80 * gib)  # noqa: E731
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: None)
+    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 13.8
+    assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: "no `kernels` package")
+    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 41.8
+    msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy)
+    assert msg and "the local LLM needs about 47 GiB" in msg
 
 
 def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):

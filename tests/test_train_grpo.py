@@ -589,3 +589,36 @@ def test_grpo_learns_the_synthetic_task(tmp_path):
     # one PPO epoch: log-probs recorded right after sampling equal the training forward's, so the
     # importance ratio is exactly 1 and the clip never acts
     assert all(r["clip_frac"] == 0 for r in result["log"])
+
+
+def test_training_memory_check_beside_a_server_on_one_gpu():
+    """Issue 22: `vllm serve` at --gpu-memory-utilization 0.75 holds ~106 GB of an H200's 141 GB,
+    and GPT-OSS-20B's bf16 weights alone are 41.8 GB: train_grpo.py --server must stop at start-up
+    with one line naming the utilization that leaves the trainer its share, and that share fits."""
+    import lm
+    import lm_memory
+    import train_grpo
+    from test_lm_memory import gpt_oss_20b_config
+    cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
+    weights = lm.weights_on_load(cfg, training=True)[0]  # dequantised for LoRA: bf16
+    step = lm_memory.training_bytes(cfg, tokens=4600 + 8192)
+    total, served = 141 * 10 ** 9, lm_memory.weights_bytes(cfg, mxfp4=True)
+    msg = train_grpo.training_memory_problem(total - int(0.75 * total), total, weights=weights, step=step,
+                                             server="http://localhost:8000/v1", server_weights=served)
+    assert msg and len(msg.splitlines()) == 1 and "--no-memory-check" in msg
+    util = float(msg.split("--gpu-memory-utilization ")[1].split()[0])
+    assert 0.3 < util < 0.6
+    assert train_grpo.training_memory_problem(total - int(util * total), total, weights=weights, step=step,
+                                              server="http://localhost:8000/v1", server_weights=served) is None
+    assert total * util >= 1.2 * served  # and the server keeps room for its MXFP4 weights
+    # an 80 GB card cannot hold the trainer and a server's MXFP4 weights: another GPU is the fix
+    msg = train_grpo.training_memory_problem(80 * 10 ** 9 - int(0.3 * 80e9), 80 * 10 ** 9, weights=weights, step=step,
+                                             server="http://localhost:8000/v1", server_weights=served)
+    assert "another GPU" in msg and "--gpu-memory-utilization" not in msg
+    # after the weights, a micro-batch that does not fit names the flags that shrink it, and a
+    # server's share that leaves room for weights and micro-batch
+    msg = train_grpo.training_memory_problem(5 * 2 ** 30, total, weights=weights, step=step, loaded=True,
+                                             server="http://localhost:8000/v1", server_weights=served)
+    assert "--micro-batch-size" in msg and "--max-new-tokens" in msg and f"--gpu-memory-utilization {util:.2f}" in msg
+    assert train_grpo.training_memory_problem(16 * 2 ** 30, total, weights=weights, step=step, loaded=True) is None
+
