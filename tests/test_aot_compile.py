@@ -116,7 +116,7 @@ def compile_in_child(jobs, timeout=900):
     the first compile cost seconds."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     jobs = [dict(path=str(path), arch=arch, tunings=tunings, inputs=inputs) for path, arch, tunings, inputs in jobs]
-    r = subprocess.run([sys.executable, __file__, json.dumps(jobs)], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, __file__], input=json.dumps(jobs), env=env, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return [[tuple(row) for row in rows] for rows in json.loads(r.stdout.strip().splitlines()[-1])]
@@ -168,7 +168,7 @@ def test_every_tuning_combination_fits_shared_memory(path):
 
 if __name__ == "__main__":
     out = []
-    for job in json.loads(sys.argv[1]):
+    for job in json.loads(sys.stdin.read()):
         path = Path(job["path"])
         task = path.parent.name
         inputs = meta_inputs(task, get_task(task).BENCHMARK_CASES if job["inputs"] == "benchmark" else [job["inputs"]])
