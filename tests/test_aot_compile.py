@@ -9,9 +9,11 @@ launch compiled, not run, for sm_80 (A100) and sm_90 (H100/H200), and the shared
 compiled kernel asks for is checked against that GPU's limit. The catalog's `# tune:` lists are
 what the search's mutator may combine freely, so every combination of them must fit.
 
-The default suite compiles each file's own tuning and its largest one (every `# tune:` constant at
-its largest value: shared memory grows with the tiles); the sweep over every combination takes
-minutes on two cores, and runs with GPU_FORECASTERS_AOT_SWEEP=1.
+The default suite compiles trimul's projection kernels, the catalog's only tl.dot tiles, at their
+largest tuning (every `# tune:` constant at its largest value: their shared memory grows with the
+tiles) for both targets, and the tuning the catalog used to allow, which must be caught. The sweep
+over every combination of every file compiles hundreds of kernels, tens of minutes on two cores,
+and runs with GPU_FORECASTERS_AOT_SWEEP=1.
 """
 import itertools
 import json
@@ -134,8 +136,7 @@ def _own_triton_cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_largest_trimul_tuning_fits_and_a_larger_one_is_caught():
-    """Trimul's fused projections use tl.dot tiles, the catalog's only kernels whose shared memory
-    nears the limit (the sweep below measures the others at a few KiB): its largest tuning fits
+    """Trimul's fused projections stage tl.dot tiles in shared memory: the largest tuning fits
     sm_80 and sm_90, and the check flags the tuning the catalog used to allow, BLOCK_H=128 and
     BLOCK_K=64 with 8 warps, which needs more than an H100 has."""
     path = KERNELS_DIR / "trimul" / "fused_projections.py"
