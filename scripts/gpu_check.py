@@ -1,38 +1,31 @@
-"""GPU check: the project's measurements on a real GPU, in one short run (well under 10 minutes).
+"""GPU check: the project's measurements on a real GPU, in one run of at most 8 minutes (--quick: 3).
 
-For every cross_entropy kernel (the seed and each hand-written Triton variant) at the paper's
-benchmark shapes it reports
-  - measure.py's result (isolated worker, CUDA events, L2 flush, median and spread),
-  - the same callable timed in this process by triton.testing.do_bench(return_mode="median"),
-    and the ratio of the two (a cross-check of our timer),
-  - the achieved bandwidth of each kernel against the 4*B*V-byte physical floor and the
-    6*B*V-byte two-pass floor,
-then repeats one measurement to show run-to-run spread, and measures the seed (and any variants) of
-the other tasks. Then the surrogate's economics (skipped with --no-surrogate):
-  - candidates measured per GPU-minute: fresh `# tune:` edits of the cross_entropy variants (each
-    one compiled, checked and timed by measure.py at benchmark shapes, no cache),
-  - the cost of a forecast against that of a measurement: eight candidates forecast by a GPT-OSS
-    built from a config (GPT-OSS-20B's width, --forecast-layers layers, random bf16 weights: no
-    download; it costs a fraction of the real model, which has 24 layers), logits and verbalized
-    read-outs, with and without the shared prompt prefix's KV cache,
-  - a GRPO step (votes format, 2 prompts x G = 8) on the same model, without prompt sharing, with
-    it (gradient checkpointing on: the training pass cannot share), and with it and checkpointing
-    off.
-Before those, the transformers engine at GPT-OSS-20B's full shape (skipped with --no-engine):
-prefill and decoding tokens/s and peak memory with flex attention at batch 1 and at the batch sized
-from free memory (beside lm_memory's estimate), eager attention's peak at batch 1, and a LoRA
-adapter merged, switched off, and unmerged (peft's path), see engine_sections.
-Before all that: the suite's GPU-only tests (`pytest -m gpu`), and the timer's fixed cost (CUDA events
-around an empty callable and around one tiny kernel, next to do_bench's on the same); every
-measurement row carries the reference worker's peak GPU memory, the figure a plan of a GPU shared
-with the language model needs. Each section says how long it took (the whole run is sized for
-under 8 minutes on an H100/H200).
-Each section runs in a child process under a time limit, and is appended to docs/gpu_runs.md
-(dated, with the GPU's name) as soon as it ends, so a section that fails or runs out of time
-leaves the ones before it recorded, and its own output up to then. The whole command fits in
-8 minutes; --quick, the first command on a new GPU machine, is a 3-minute subset: the timer, the
-cross_entropy seed and one variant through measure.py beside do_bench, and the measurement's GPU
-tests.
+The sections, in the order they run (the cheap and telling first):
+  timer          the timer's fixed cost: CUDA events around an empty callable and around one tiny
+                 kernel, next to do_bench's on the same;
+  cross_entropy  every kernel (the seed and each hand-written Triton variant; --quick: the seed and
+                 one) at the paper's benchmark shapes: measure.py's result beside the same callable
+                 timed here by triton.testing.do_bench(return_mode="median") and their ratio (a
+                 cross-check of our timer), the achieved bandwidth against the 4*B*V-byte physical
+                 floor and the 6*B*V-byte two-pass floor, the reference worker's peak GPU memory (the
+                 figure a plan of a GPU shared with the language model needs), and (not --quick) one
+                 measurement repeated to show run-to-run spread;
+  gpu tests      the suite's GPU-only tests (`pytest -m gpu`; --quick: the measurement's);
+  other tasks    the seed and variants of the other tasks through measure.py;
+  engine         the transformers engine at GPT-OSS-20B's full shape (random bf16 weights, no
+                 download): prefill and decoding tokens/s and peak memory with flex attention at
+                 batch 1 and at the batch sized from free memory (beside lm_memory's estimate), eager
+                 attention's peak at batch 1, and a LoRA adapter merged, switched off and unmerged
+                 (peft's path), see engine_sections;
+  surrogate      candidates measured per GPU-minute (fresh `# tune:` edits, no cache); the cost of a
+                 forecast against a measurement's (eight candidates forecast by a GPT-OSS of
+                 GPT-OSS-20B's width with --forecast-layers layers, logits and verbalized read-outs,
+                 with and without the shared prompt prefix's KV cache); a GRPO step (votes, 2 prompts
+                 x G = 8) without prompt sharing, with it, and with it and checkpointing off.
+Each section runs in a child process under a time limit and is appended to docs/gpu_runs.md
+(dated, with the GPU's name) as soon as it ends, so a section that fails or runs out of time leaves
+the ones before it recorded, and its own output up to then. --quick (the timer, cross_entropy, the
+measurement's GPU tests) is the first command on a new GPU machine.
 
 Where bubblewrap cannot run, the sandbox is skipped for the project's own kernels measured here
 (and for the GPU tests' measurements), and the first line of the output and of the record says so.
