@@ -6,12 +6,21 @@ only reads it from the command line. `lora_rank: int = flag(32, "LoRA rank")` is
 a bool field is a switch, off by default; `choices` and `required` are argparse's; other keywords
 are kept in the field's metadata for the command's own use. --help shows every flag's default,
 and a bad flag is one line of error, not a usage dump.
+
+Parsing also refuses a machine whose NVIDIA driver torch cannot use (check_cuda): the project
+would otherwise run silently at CPU scale on a GPU machine.
 """
 import argparse
 import dataclasses
+import os
 import sys
 import types
 import typing
+from pathlib import Path
+
+NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")  # present where the NVIDIA kernel driver is loaded
+# torch 2.13's Linux wheel on PyPI is built for CUDA 13.0, which needs a 580-series driver or newer
+CUDA_DRIVER_NEEDED = {"13": 580, "12": 525}
 
 
 def flag(default, help, *, choices=None, required=False, **meta):
@@ -42,6 +51,41 @@ def parser(settings):
     return p
 
 
+def cuda_problem(driver_file=None):
+    """None, or one line saying why torch cannot use the NVIDIA driver this machine has and what
+    to do. No driver (a CPU machine) and GPUs hidden on purpose (CUDA_VISIBLE_DEVICES empty or -1)
+    are not problems; torch is imported only where a driver is present."""
+    driver_file = driver_file or NVIDIA_DRIVER_FILE
+    if not driver_file.exists() or os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return None
+    import torch
+    if torch.cuda.is_available():
+        return None
+    first = (driver_file.read_text(errors="replace").splitlines() or [""])[0]  # /proc reports size 0: read
+    driver = next((w for w in first.split() if w[:1].isdigit() and "." in w), "unknown")
+    cuda = torch.version.cuda
+    if cuda is None:
+        why = (f"this torch ({torch.__version__}) is a CPU build; install the CUDA one "
+               f"(`pip install --force-reinstall torch=={torch.__version__.split('+')[0]}` from PyPI)")
+    else:
+        need = CUDA_DRIVER_NEEDED.get(cuda.split(".")[0])
+        why = (f"torch {torch.__version__} is built for CUDA {cuda}, which needs driver {need} or newer; "
+               if need else f"torch {torch.__version__} is built for CUDA {cuda}; ") + \
+            "update the driver (or install a torch built for an older CUDA)"
+    return (f"an NVIDIA driver ({driver}) is present but torch sees no CUDA GPU: {why}, or set "
+            "CUDA_VISIBLE_DEVICES= to run on the CPU on purpose")
+
+
+def check_cuda():
+    """Exit with cuda_problem's line, if there is one."""
+    problem = cuda_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse(settings, argv=None):
-    """The settings dataclass `settings` read from argv (sys.argv[1:] when None)."""
-    return settings(**vars(parser(settings).parse_args(argv)))
+    """The settings dataclass `settings` read from argv (sys.argv[1:] when None); then check_cuda."""
+    args = settings(**vars(parser(settings).parse_args(argv)))
+    check_cuda()
+    return args

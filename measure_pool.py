@@ -12,7 +12,8 @@ measure.measure() unchanged (the same sandbox, verification and clock on every w
                 (measure_channel keeps a thread's workers; a worker's die-with-parent signal follows
                 the thread that started it, so the threads live as long as the pool).
   RayPool       the same on a Ray cluster (one machine or many): each measurement is a Ray task
-                that asks for one GPU (on CPU one CPU), carries the candidate's source, runs
+                that asks for one GPU (on CPU a share of the CPUs, so that as many measurements
+                are in flight as --workers asks, or as the cluster has CPUs), carries the candidate's source, runs
                 measure.py on the node that Ray picks (sandbox included) and sends its result back.
                 A task whose worker or node dies is retried once elsewhere, then labelled `crashed`.
 
@@ -161,9 +162,11 @@ class RayPool:
     """Measurements as Ray tasks. address: 'local' starts a cluster on this machine (or uses the one
     this process already started), 'auto' joins the cluster running here (`ray start --head` and
     `ray start --address HEAD:6379` on the other nodes), or a cluster's address. num_cpus: the
-    CPUs a local cluster offers (default: all)."""
+    CPUs a local cluster offers (default: the cores this process may run on; Ray's own count
+    rounds a container's CPU quota down, to 1 on a 1.5-core quota). workers: on a cluster without
+    GPUs, the measurements in flight (default: one per CPU); on GPUs it is one per GPU."""
 
-    def __init__(self, address, measure_fn=None, num_cpus=None):
+    def __init__(self, address, measure_fn=None, num_cpus=None, workers=None):
         import ray
         self.ray, self.measure_fn = ray, measure_fn or measure.measure
         self.owns_cluster = not ray.is_initialized()
@@ -171,16 +174,22 @@ class RayPool:
             # The project's code travels to every node with the job (Ray's working_dir, which
             # leaves out what .gitignore names); the nodes need only the same Python environment.
             runtime_env = {"working_dir": measure_sandbox.ROOT}
+            local = {"include_dashboard": False, "num_cpus": num_cpus or len(os.sched_getaffinity(0))}
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING,
-                     **({"include_dashboard": False, "num_cpus": num_cpus} if address == "local" else {}))
+                     **(local if address == "local" else {}))
         resources = ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0))
+        gpus, cpus = int(resources.get("GPU", 0)), resources.get("CPU", 1)
+        if workers is not None and workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {workers}")
         self.device = "cuda" if gpus else "cpu"
-        self.workers = gpus or int(resources.get("CPU", 1))
-        self.note = "" if gpus else (f"Ray on CPU: {self.workers} measurements at a time on shared cores; "
-                                     "their CPU timings disturb each other")
+        self.workers = gpus or workers or max(int(cpus), 1)
+        self.note = ("--workers applies on CPU: on GPUs each measurement takes one" if gpus and workers else
+                     "" if gpus else f"Ray on CPU: {self.workers} measurements at a time on {cpus:g} shared CPUs; "
+                     "their CPU timings disturb each other")
+        # On CPU each task asks for its share of the cluster, so that Ray runs `workers` at once.
         self.task = ray.remote(_measure_on_node).options(
-            num_gpus=1 if gpus else 0, num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)
+            num_gpus=1 if gpus else 0, num_cpus=1 if gpus else min(1.0, cpus / self.workers),
+            max_retries=RAY_RETRIES, retry_exceptions=False)
 
     def __len__(self):
         return self.workers

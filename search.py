@@ -190,7 +190,7 @@ class Args:
     workers: int | None = flag(None, "measurements at once: on CPU N interpreter workers (default 1; their "
                                  "CPU timings disturb each other), on a GPU machine the first N of --devices")
     ray: str | None = flag(None, "measure on a Ray cluster instead, one task per measurement asking for a GPU "
-                             "(on CPU a CPU): auto joins the cluster this machine belongs to (`ray start`), "
+                             "(on CPU a share of the CPUs, --workers at once, default one per CPU): auto joins the cluster this machine belongs to (`ray start`), "
                              "local starts one here, or a cluster's address")
     unsafe_no_sandbox: bool = flag(False, "measure candidates without measure.py's bubblewrap sandbox (for "
                                      "machines without user namespaces): LLM-written code then runs as you "

@@ -86,10 +86,12 @@ def setup(args, say=print):
         "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
         else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     if args.ray:
-        if args.devices != "all" or args.workers:
-            raise SetupError("--ray lets Ray place each measurement on a GPU of the cluster; drop --devices and --workers")
+        if args.devices != "all":
+            raise SetupError("--ray lets Ray place each measurement on a GPU of the cluster; drop --devices")
+        if args.workers is not None and args.workers < 1:
+            raise SetupError(f"--workers must be at least 1, got {args.workers}")
         try:
-            ray_pool = measure_pool.RayPool(args.ray)
+            ray_pool = measure_pool.RayPool(args.ray, workers=args.workers)  # on CPU: measurements in flight
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise SetupError(f"--ray {args.ray}: cannot reach the cluster ({str(e).splitlines()[0][:200]}); start one "
                              "with `ray start --head`, or pass --ray local") from None

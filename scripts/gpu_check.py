@@ -1,36 +1,37 @@
-"""GPU check: the project's measurements on a real GPU, in one short run (well under 10 minutes).
+"""GPU check: the project's measurements on a real GPU, in one run of at most 8 minutes (--quick: 3).
 
-For every cross_entropy kernel (the seed and each hand-written Triton variant) at the paper's
-benchmark shapes it reports
-  - measure.py's result (isolated worker, CUDA events, L2 flush, median and spread),
-  - the same callable timed in this process by triton.testing.do_bench(return_mode="median"),
-    and the ratio of the two (a cross-check of our timer),
-  - the achieved bandwidth of each kernel against the 4*B*V-byte physical floor and the
-    6*B*V-byte two-pass floor,
-then repeats one measurement to show run-to-run spread, and measures the seed (and any variants) of
-the other tasks. Then the surrogate's economics (skipped with --no-surrogate):
-  - candidates measured per GPU-minute: fresh `# tune:` edits of the cross_entropy variants (each
-    one compiled, checked and timed by measure.py at benchmark shapes, no cache),
-  - the cost of a forecast against that of a measurement: eight candidates forecast by a GPT-OSS
-    built from a config (GPT-OSS-20B's width, --forecast-layers layers, random bf16 weights: no
-    download; it costs a fraction of the real model, which has 24 layers), logits and verbalized
-    read-outs, with and without the shared prompt prefix's KV cache,
-  - a GRPO step (votes format, 2 prompts x G = 8) on the same model, without prompt sharing, with
-    it (gradient checkpointing on: the training pass cannot share), and with it and checkpointing
-    off.
-Before those, the transformers engine at GPT-OSS-20B's full shape (skipped with --no-engine):
-prefill and decoding tokens/s and peak memory with flex attention at batch 1 and at the batch sized
-from free memory (beside lm_memory's estimate), eager attention's peak at batch 1, and a LoRA
-adapter merged, switched off, and unmerged (peft's path), see engine_sections.
-Before all that: the suite's GPU-only tests (`pytest -m gpu`), and the timer's fixed cost (CUDA events
-around an empty callable and around one tiny kernel, next to do_bench's on the same); every
-measurement row carries the reference worker's peak GPU memory, the figure a plan of a GPU shared
-with the language model needs. Each section says how long it took (the whole run is sized for
-under 8 minutes on an H100/H200).
-With --record it appends every table, dated and with the GPU's name, to docs/gpu_runs.md.
+The sections, in the order they run (the cheap and telling first):
+  timer          the timer's fixed cost: CUDA events around an empty callable and around one tiny
+                 kernel, next to do_bench's on the same;
+  cross_entropy  every kernel (the seed and each hand-written Triton variant; --quick: the seed and
+                 one) at the paper's benchmark shapes: measure.py's result beside the same callable
+                 timed here by triton.testing.do_bench(return_mode="median") and their ratio (a
+                 cross-check of our timer), the achieved bandwidth against the 4*B*V-byte physical
+                 floor and the 6*B*V-byte two-pass floor, the reference worker's peak GPU memory (the
+                 figure a plan of a GPU shared with the language model needs), and (not --quick) one
+                 measurement repeated to show run-to-run spread;
+  gpu tests      the suite's GPU-only tests (`pytest -m gpu`; --quick: the measurement's);
+  other tasks    the seed and variants of the other tasks through measure.py;
+  engine         the transformers engine at GPT-OSS-20B's full shape (random bf16 weights, no
+                 download): prefill and decoding tokens/s and peak memory with flex attention at
+                 batch 1 and at the batch sized from free memory (beside lm_memory's estimate), eager
+                 attention's peak at batch 1, and a LoRA adapter merged, switched off and unmerged
+                 (peft's path), see engine_sections;
+  surrogate      candidates measured per GPU-minute (fresh `# tune:` edits, no cache); the cost of a
+                 forecast against a measurement's (eight candidates forecast by a GPT-OSS of
+                 GPT-OSS-20B's width with --forecast-layers layers, logits and verbalized read-outs,
+                 with and without the shared prompt prefix's KV cache); a GRPO step (votes, 2 prompts
+                 x G = 8) without prompt sharing, with it, and with it and checkpointing off.
+Each section runs in a child process under a time limit and is appended to docs/gpu_runs.md
+(dated, with the GPU's name) as soon as it ends, so a section that fails or runs out of time leaves
+the ones before it recorded, and its own output up to then. --quick (the timer, cross_entropy, the
+measurement's GPU tests) is the first command on a new GPU machine.
 
-    python scripts/gpu_check.py [--record] [--tasks cross_entropy,trimul,...] [--quick] [--no-surrogate] [--no-tests]
-                                [--no-engine] [--engine-layers N]
+Where bubblewrap cannot run, the sandbox is skipped for the project's own kernels measured here
+(and for the GPU tests' measurements), and the first line of the output and of the record says so.
+
+    python scripts/gpu_check.py [--quick] [--no-record] [--tasks cross_entropy,trimul,...] [--no-surrogate]
+                                [--no-tests] [--no-engine] [--engine-layers N] [--unsafe-no-sandbox]
 
 It needs a CUDA GPU, and runs on older stacks too (torch 2.11 / triton 3.6).
 """
@@ -39,6 +40,9 @@ import contextlib
 import datetime
 import importlib.util
 import math
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,18 +75,21 @@ def estimate_gib(task):
 
 
 def peak_bandwidth(name):
-    return next((bw for key, bw in measure.PEAK_BANDWIDTH.items() if key in name), None)
+    """measure.PEAK_BANDWIDTH's figure for this GPU: its list is most specific name first."""
+    return next((bw for key, bw in measure.PEAK_BANDWIDTH if key in name), None)
 
 
 # ---- the suite's GPU tests and the timer's own cost ----------------------------------------------
 
-def gpu_tests(emit, timeout_s=360):
-    """`pytest -m gpu` in a child process: the tests only a GPU can settle."""
-    import subprocess
-    emit("### the suite's GPU-only tests (`pytest -m gpu`)")
+def gpu_tests(emit, timeout_s=360, unsafe=False, files=()):
+    """`pytest -m gpu` in a child process: the tests only a GPU can settle (those of `files`, or
+    all); --unsafe-no-sandbox passes on to their measurements (tests/conftest.py)."""
+    emit(f"### the suite's GPU-only tests (`pytest -m gpu{' ' + ' '.join(files) if files else ''}"
+         f"{' --unsafe-no-sandbox' if unsafe else ''}`)")
     emit("")
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE"],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+                            *files, *(["--unsafe-no-sandbox"] if unsafe else [])],
                            cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         lines = r.stdout.strip().splitlines()
         failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
@@ -361,20 +368,185 @@ def surrogate_sections(emit, args):
         grpo_costs(emit, lambda: config_model(args.forecast_layers), rows, tmp)
 
 
+# ---- the measurements of the tasks' kernels ---------------------------------------------------
+
+QUICK_VARIANT = "fused_online"  # --quick measures the cross_entropy seed and this variant
+
+
+def cross_entropy_section(emit, args):
+    """measure.py beside do_bench on the seed and the variants (--quick: the seed and one), the
+    bandwidth against the floors, and (not --quick) one measurement repeated three times."""
+    task = get_task("cross_entropy")
+    kernels = [seed_path("cross_entropy")] + [p for p in variant_paths("cross_entropy")
+                                               if not args.quick or p.stem == QUICK_VARIANT]
+    peak = peak_bandwidth(torch.cuda.get_device_name(0))
+    emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
+    emit("")
+    emit("| kernel | status | geomean speedup | reference worker peak GiB (search's estimate) | wall s | " + " | ".join(
+        f"V={c['V']} ms (measure / do_bench / ratio) | V={c['V']} GB/s at 4BV" for c in task.BENCHMARK_CASES) + " |")
+    emit("|" + "---|" * (5 + 2 * len(task.BENCHMARK_CASES)))
+    best = None
+    for path in kernels:
+        t0 = time.time()
+        m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
+                            unsafe_no_sandbox=args.unsafe_no_sandbox)
+        cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-",
+                 (f"{m.reference_peak_gb:.1f}" if m.reference_peak_gb else "-") + f" ({estimate_gib('cross_entropy'):.1f})",
+                 f"{time.time() - t0:.0f}"]
+        if m.status == "ok":
+            fn = load_kernel(path)
+            for case, row in zip(task.BENCHMARK_CASES, m.cases):
+                data = task.generate_input(case, 0, device="cuda")
+                db = do_bench_ms(fn, data)
+                del data
+                ms = row["candidate_ms"]
+                gbs = 4 * case["B"] * case["V"] / (ms * 1e-3) / 1e9
+                cells += [f"{ms:.3f} / {db:.3f} / {ms / db:.2f} (±{row['candidate_spread']:.1%})", f"{gbs:.0f}"]
+                torch.cuda.empty_cache()
+            if best is None or m.speedup > best[1].speedup:
+                best = (path, m)
+        else:
+            cells += [m.message[:60], ""] + ["", ""] * (len(task.BENCHMARK_CASES) - 1)
+        emit("| " + " | ".join(cells) + " |")
+    emit("")
+    if not best:
+        return
+    path, m = best
+    emit(f"Best kernel: {path.stem}, geomean {m.speedup:.3f}x over the PyTorch reference.")
+    for case, row in zip(task.BENCHMARK_CASES, m.cases):
+        b, v, ms = case["B"], case["V"], row["candidate_ms"]
+        floor4 = 4 * b * v / peak * 1e3 if peak else float("nan")
+        floor6 = 6 * b * v / peak * 1e3 if peak else float("nan")
+        emit(f"- V={v}: {ms:.3f} ms; floors at {peak / 1e12 if peak else float('nan'):.2f} TB/s: "
+             f"4BV {floor4:.3f} ms ({floor4 / ms:.0%} of it), 6BV {floor6:.3f} ms ({floor6 / ms:.0%})")
+    emit("")
+    if args.quick:
+        return
+    # Run-to-run spread: the same measurement three times.
+    reps = [measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=True,
+                            unsafe_no_sandbox=args.unsafe_no_sandbox).speedup
+            for _ in range(3)]
+    mean = sum(reps) / len(reps)
+    sd = math.sqrt(sum((r - mean) ** 2 for r in reps) / (len(reps) - 1))
+    emit(f"Repeat of {path.stem} x3 (--quick measurements): speedups {', '.join(f'{r:.3f}' for r in reps)} "
+         f"(mean {mean:.3f}, sd {sd:.3f}, {sd / mean:.1%})")
+    emit("")
+
+
+def other_tasks_section(emit, args):
+    """The seed and variants of every other task through measure.py (--quick measurements)."""
+    emit("### other tasks: seed and variants through measure.py at benchmark shapes")
+    emit("")
+    emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | reference worker peak GiB (search's estimate) | wall s |")
+    emit("|---|---|---|---|---|---|---|")
+    for name in [t for t in args.task_list if t != "cross_entropy"]:
+        for path in [seed_path(name)] + variant_paths(name):
+            m = measure.measure(name, path.read_text(), device="cuda", use_cache=False, quick=True,
+                                unsafe_no_sandbox=args.unsafe_no_sandbox)
+            per_case = ", ".join(f"{r['candidate_ms']:.3f} (±{r['candidate_spread']:.0%})" for r in m.cases) or m.message[:80]
+            emit(f"| {name} | {path.stem} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | "
+                 f"{per_case} | {f'{m.reference_peak_gb:.1f}' if m.reference_peak_gb else '-'} ({estimate_gib(name):.1f}) | "
+                 f"{m.wall_s} |")
+            torch.cuda.empty_cache()
+    emit("")
+
+
+# ---- the run: each section a child process with a time limit, recorded as it ends -----------------
+
+# The measurement's own GPU tests: what --quick runs of `pytest -m gpu`.
+QUICK_TEST_FILES = ("tests/test_measure.py", "tests/test_measure_worker.py", "tests/test_tasks_ce_trimul.py")
+QUICK_BUDGET_S, FULL_BUDGET_S = 180, 480
+CHILD_START_S = 10  # a child's import of torch and the CUDA context, on top of its section's work
+
+
+def sections(args):
+    """(name, time limit in seconds, function) of the run, in order: the cheap and telling first,
+    so that a run cut short has recorded them."""
+    out = [("timer", 20, lambda emit: timer_overhead(emit))]
+    if "cross_entropy" in args.task_list:
+        out.append(("cross_entropy", 75 if args.quick else 110, lambda emit: cross_entropy_section(emit, args)))
+    if not args.no_tests:
+        files = QUICK_TEST_FILES if args.quick else ()
+        limit = 55 if args.quick else 100
+        out.append(("gpu tests", limit, lambda emit: gpu_tests(emit, timeout_s=limit - 5, unsafe=args.unsafe_no_sandbox,
+                                                                files=files)))
+    if args.quick:
+        return out
+    if any(t != "cross_entropy" for t in args.task_list):
+        out.append(("other tasks", 55, lambda emit: other_tasks_section(emit, args)))
+    if not args.no_engine:
+        out.append(("engine", 85, lambda emit: engine_sections(emit, layers=args.engine_layers)))
+    if not args.no_surrogate:
+        out.append(("surrogate", 50, lambda emit: surrogate_sections(emit, args)))
+    return out
+
+
+def sandbox_choice(args):
+    """Whether the kernels measured here run in measure.py's sandbox, and the line that says so.
+    Where bubblewrap cannot run they run without it: they are the project's own."""
+    import measure_sandbox
+    if args.unsafe_no_sandbox:
+        return True, "sandbox: none (--unsafe-no-sandbox given)"
+    try:
+        measure_sandbox.require_sandbox()
+    except measure_sandbox.SandboxUnavailable as e:
+        return True, (f"sandbox: none, measuring the project's own kernels with --unsafe-no-sandbox, because "
+                      f"{str(e)[:300]}")
+    return False, "sandbox: bubblewrap"
+
+
+def section_command(name, argv):
+    return [sys.executable, str(Path(__file__).resolve()), *argv, "--section", name]
+
+
+def run_section(name, limit_s, command, record):
+    """One section in a child process (section_command), its output shown as it comes and
+    recorded when the child ends, with how it ended. True when it finished."""
+    import threading
+    t0 = time.time()
+    # its own process group, so that a cut ends what it started too (pytest, measure's workers)
+    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                             start_new_session=True)
+    lines, rc = [], None
+
+    def pump():
+        for line in child.stdout:
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = child.wait(timeout=limit_s)
+        how = "" if rc == 0 else f"**failed** (exit {rc}; the last lines above say why)"
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        how = f"**cut at its time limit of {limit_s:.0f} s** (what it printed until then is above)"
+    reader.join(timeout=5)
+    took = f"(section {name}: {time.time() - t0:.0f} s{'; ' + how if how else ''})"
+    print(took, flush=True)
+    if rc not in (0, None):
+        lines = lines[-40:]  # a traceback's end
+    record(lines + [took, ""])
+    return not how
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--record", action="store_true", help="append the table to docs/gpu_runs.md")
+    parser.add_argument("--quick", action="store_true",
+                        help="a 3-minute subset: the timer, the cross_entropy seed and one variant, the measurement's GPU tests")
+    parser.add_argument("--no-record", action="store_true", help="do not append the sections to docs/gpu_runs.md")
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old notes
     parser.add_argument("--tasks", default=",".join(TASK_NAMES),
                         help="comma-separated tasks to include (cross_entropy gets the full treatment)")
-    parser.add_argument("--quick", action="store_true", help="fewer timed repetitions in measure.py")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
-                        help="measure without bubblewrap (for a machine where it cannot run; the kernels "
+                        help="measure without bubblewrap (chosen by itself where bubblewrap cannot run: the kernels "
                         "measured here are the project's own)")
     parser.add_argument("--no-tests", action="store_true", help="skip the suite's GPU-only tests (`pytest -m gpu`)")
     parser.add_argument("--no-surrogate", action="store_true",
                         help="skip the surrogate's sections (measurements per GPU-minute, forecast cost, GRPO step)")
-    parser.add_argument("--throughput-candidates", type=int, default=4,
-                        help="fresh candidates measured for the measurements-per-minute figure (default 4)")
+    parser.add_argument("--throughput-candidates", type=int, default=2,
+                        help="fresh candidates measured for the measurements-per-minute figure (default 2)")
     parser.add_argument("--forecast-layers", type=int, default=2,
                         help="layers of the config-built GPT-OSS used for forecast and GRPO costs (default 2)")
     parser.add_argument("--no-engine", action="store_true",
@@ -383,118 +555,53 @@ def main():
                         help="layers of the engine section's GPT-OSS (24 = GPT-OSS-20B, 42 GB in bf16; default 24)")
     parser.add_argument("--verbalized-tokens", type=int, default=64,
                         help="new tokens per verbalized forecast (a random model never stops; default 64)")
+    parser.add_argument("--section", help=argparse.SUPPRESS)  # a child: run this one section
     args = parser.parse_args()
+    args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    import cli
+    cli.check_cuda()  # a driver torch cannot use: say so, not "no GPU"
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible; this script checks the GPU path (run it on a GPU machine)", file=sys.stderr)
         return 2
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    gpu = torch.cuda.get_device_name(0)
-    peak = peak_bandwidth(gpu)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## {stamp} · {gpu} · torch {torch.__version__} · triton {__import__('triton').__version__}", ""]
-    t_start = time.time()
+    if args.section:  # in a child: the section's output goes to the parent, which records it
+        dict((name, fn) for name, _, fn in sections(args))[args.section](lambda s="": print(s, flush=True))
+        return 0
 
-    def emit(s=""):
-        print(s, flush=True)
-        lines.append(s)
+    args.unsafe_no_sandbox, sandbox_line = sandbox_choice(args)
+    budget = QUICK_BUDGET_S if args.quick else FULL_BUDGET_S
+    out = ROOT / "docs" / "gpu_runs.md"
 
-    def took(since):
-        emit(f"(section: {time.time() - since:.0f} s)")
-        emit("")
-        return time.time()
-
-    t = t_start
-    if not args.no_tests:
-        gpu_tests(emit)
-        t = took(t)
-    timer_overhead(emit)
-    t = took(t)
-
-    if "cross_entropy" in tasks:
-        task = get_task("cross_entropy")
-        kernels = [seed_path("cross_entropy")] + variant_paths("cross_entropy")
-        emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
-        emit("")
-        emit("| kernel | status | geomean speedup | reference worker peak GiB (search's estimate) | " + " | ".join(
-            f"V={c['V']} ms (measure / do_bench / ratio) | V={c['V']} GB/s at 4BV" for c in task.BENCHMARK_CASES) + " |")
-        emit("|" + "---|" * (4 + 2 * len(task.BENCHMARK_CASES)))
-        best = None
-        for path in kernels:
-            m = measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
-                                unsafe_no_sandbox=args.unsafe_no_sandbox)
-            cells = [path.stem, m.status, f"{m.speedup:.3f}x" if m.speedup else "-",
-                     (f"{m.reference_peak_gb:.1f}" if m.reference_peak_gb else "-") + f" ({estimate_gib('cross_entropy'):.1f})"]
-            if m.status == "ok":
-                fn = load_kernel(path)
-                for case, row in zip(task.BENCHMARK_CASES, m.cases):
-                    data = task.generate_input(case, 0, device="cuda")
-                    db = do_bench_ms(fn, data)
-                    del data
-                    ms = row["candidate_ms"]
-                    gbs = 4 * case["B"] * case["V"] / (ms * 1e-3) / 1e9
-                    cells += [f"{ms:.3f} / {db:.3f} / {ms / db:.2f} (±{row['candidate_spread']:.1%})", f"{gbs:.0f}"]
-                    torch.cuda.empty_cache()
-                if best is None or m.speedup > best[1].speedup:
-                    best = (path, m)
-            else:
-                cells += [m.message[:60], ""] + ["", ""] * (len(task.BENCHMARK_CASES) - 1)
-            emit("| " + " | ".join(cells) + " |")
-        emit("")
-        if best:
-            path, m = best
-            emit(f"Best kernel: {path.stem}, geomean {m.speedup:.3f}x over the PyTorch reference.")
-            for case, row in zip(task.BENCHMARK_CASES, m.cases):
-                b, v, ms = case["B"], case["V"], row["candidate_ms"]
-                floor4 = 4 * b * v / peak * 1e3 if peak else float("nan")
-                floor6 = 6 * b * v / peak * 1e3 if peak else float("nan")
-                emit(f"- V={v}: {ms:.3f} ms; floors at {peak / 1e12 if peak else float('nan'):.2f} TB/s: "
-                     f"4BV {floor4:.3f} ms ({floor4 / ms:.0%} of it), 6BV {floor6:.3f} ms ({floor6 / ms:.0%})")
-            emit("")
-            # Run-to-run spread: the same measurement three times.
-            reps = [measure.measure("cross_entropy", path.read_text(), device="cuda", use_cache=False, quick=args.quick,
-                                    unsafe_no_sandbox=args.unsafe_no_sandbox).speedup
-                    for _ in range(3)]
-            mean = sum(reps) / len(reps)
-            sd = math.sqrt(sum((r - mean) ** 2 for r in reps) / (len(reps) - 1))
-            emit(f"Repeat of {path.stem} x3: speedups {', '.join(f'{r:.3f}' for r in reps)} "
-                 f"(mean {mean:.3f}, sd {sd:.3f}, {sd / mean:.1%})")
-            emit("")
-        t = took(t)
-
-    others = [t for t in tasks if t != "cross_entropy"]
-    if others:
-        emit("### other tasks: seed and variants through measure.py at benchmark shapes")
-        emit("")
-        emit("| task | kernel | status | geomean speedup | per-case candidate ms (spread) | reference worker peak GiB (search's estimate) | wall s |")
-        emit("|---|---|---|---|---|---|---|")
-        for name in others:
-            for path in [seed_path(name)] + variant_paths(name):
-                m = measure.measure(name, path.read_text(), device="cuda", use_cache=False, quick=True,
-                                    unsafe_no_sandbox=args.unsafe_no_sandbox)
-                per_case = ", ".join(f"{r['candidate_ms']:.3f} (±{r['candidate_spread']:.0%})" for r in m.cases) or m.message[:80]
-                emit(f"| {name} | {path.stem} | {m.status} | {f'{m.speedup:.3f}x' if m.speedup else '-'} | "
-                     f"{per_case} | {f'{m.reference_peak_gb:.1f}' if m.reference_peak_gb else '-'} ({estimate_gib(name):.1f}) | "
-                     f"{m.wall_s} |")
-                torch.cuda.empty_cache()
-        emit("")
-        t = took(t)
-    if not args.no_engine:
-        engine_sections(emit, layers=args.engine_layers)
-        t = took(t)
-    if not args.no_surrogate:
-        surrogate_sections(emit, args)
-        t = took(t)
-    emit(f"Total time {time.time() - t_start:.0f} s.")
-
-    if args.record:
-        out = ROOT / "docs" / "gpu_runs.md"
+    def record(lines):
+        if args.no_record:
+            return
         if not out.exists():
-            out.write_text("# Runs on real GPUs\n\nEach section was written by `python scripts/gpu_check.py --record` "
+            out.write_text("# Runs on real GPUs\n\nEach section was written by `python scripts/gpu_check.py` "
                            "on the GPU it names. Nothing here is estimated.\n\n")
         with out.open("a") as f:
-            f.write("\n".join(lines) + "\n\n")
+            f.write("\n".join(lines) + "\n")
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"## {stamp} · {torch.cuda.get_device_name(0)} · torch {torch.__version__} (CUDA {torch.version.cuda}) · "
+            f"triton {__import__('triton').__version__}{' · --quick' if args.quick else ''}", "", sandbox_line, ""]
+    print("\n".join(head), flush=True)
+    record(head)
+    argv = [a for a in sys.argv[1:] if a != "--record"] + ["--unsafe-no-sandbox"] * (
+        args.unsafe_no_sandbox and "--unsafe-no-sandbox" not in sys.argv)
+    t_start, failed = time.time(), []
+    for name, limit, _ in sections(args):
+        left = budget - (time.time() - t_start)
+        if left < CHILD_START_S + 10:
+            record([f"(section {name}: skipped, the run's {budget} s are spent)", ""])
+            failed.append(name)
+            continue
+        if not run_section(name, min(limit + CHILD_START_S, left), section_command(name, argv), record):
+            failed.append(name)
+    total = f"Total time {time.time() - t_start:.0f} s" + (f"; sections that did not finish: {', '.join(failed)}" if failed else "") + "."
+    print(total)
+    record([total, ""])
+    if not args.no_record:
         print(f"recorded in {out}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

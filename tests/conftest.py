@@ -46,6 +46,21 @@ if "GPU_FORECASTERS_CACHE" not in os.environ:
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--unsafe-no-sandbox", action="store_true",
+                     help="GPU tests measure without bubblewrap (scripts/gpu_check.py passes it where bubblewrap cannot run)")
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_without_sandbox(request, monkeypatch):
+    """--unsafe-no-sandbox: every measure.measure of a GPU test runs without the sandbox."""
+    if "gpu" in request.keywords and request.config.getoption("--unsafe-no-sandbox"):
+        import functools
+
+        import measure
+        monkeypatch.setattr(measure, "measure", functools.partial(measure.measure, unsafe_no_sandbox=True))
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return

@@ -219,3 +219,30 @@ def test_a_ray_worker_killed_mid_task_is_retried_once_then_labelled_crashed(clus
     assert len(attempts.read_text().split()) == 2  # the first try and one retry, in two workers
     after = pool.submit(TASK, "fine", attempts_file=str(attempts)).result(timeout=120)  # the cluster goes on
     assert after["measurement"]["status"] == "ok"
+
+
+def meet(task, source, *, meeting, n, **kw):
+    """Travels to the Ray workers by value: waits (a minute at most) until n measurements have
+    started, so that they are in flight together; the Ray task's own clock times it."""
+    open(os.path.join(meeting, source), "w").close()
+    deadline = time.time() + 60
+    while len(os.listdir(meeting)) < n and time.time() < deadline:
+        time.sleep(0.05)
+    return FakeMeasurement(source, **kw)
+
+
+@pytest.mark.slow
+def test_a_ray_pool_on_cpu_keeps_as_many_in_flight_as_workers_asks(cluster, tmp_path):
+    """On the 2-CPU cluster, workers=3 gives each task two thirds of a CPU: three measurements run
+    at once, each in a Ray worker of its own, by the start and end times the workers took."""
+    import ray
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    pool = measure_pool.RayPool("local", measure_fn=meet, workers=3)  # joins the running cluster
+    assert len(pool) == 3 and "3 measurements at a time on 2 shared CPUs" in pool.note
+    results = [f.result(timeout=180) for f in [pool.submit(TASK, f"k{i}", meeting=str(tmp_path), n=3)
+                                               for i in range(3)]]
+    spans = [(r["started"], r["ended"]) for r in results]
+    assert most_at_once(spans) == 3 and max(e - s for s, e in spans) < 60  # none waited out the minute
+    assert len({r["worker"] for r in results}) == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        measure_pool.RayPool("local", measure_fn=meet, workers=0)

@@ -361,11 +361,14 @@ def test_trimul_variant_grids_fit_cuda_at_every_benchmark_shape_and_tuning(monke
 
 @pytest.mark.gpu
 def test_trimul_fused_variant_launches_on_a_gpu_at_every_benchmark_shape_and_tuning():
-    """What the interpreter's grid check stands in for: the real launch, every tuning, one call."""
+    """What the interpreter's grid check stands in for: the real launch, every BLOCK_M/BLOCK_H,
+    one call each, with every other `# tune:` constant at its largest (the most shared memory;
+    tests/test_aot_compile.py checks every combination against the limit without a GPU)."""
     task = get_task("trimul")
     path = KERNELS_DIR / "trimul" / "fused_projections.py"
     ns = load_kernel(path)
     tunables = _tunables(path)
+    ns.update({name: max(allowed) for name, (_, allowed) in tunables.items()})
     for case in task.BENCHMARK_CASES:
         data = task.generate_input(case, 0, device="cuda")
         expected = task.reference(data)

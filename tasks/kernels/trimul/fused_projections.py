@@ -19,11 +19,11 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 64  # tune: 16, 32, 64, 128
-BLOCK_H = 32  # tune: 16, 32, 64, 128
-BLOCK_K = 32  # tune: 16, 32, 64
+BLOCK_H = 32  # tune: 16, 32, 64
+BLOCK_K = 32  # tune: 16, 32
 NUM_WARPS = 8  # tune: 2, 4, 8
 OUT_BLOCK_M = 64  # tune: 16, 32, 64, 128
-OUT_BLOCK_D = 64  # tune: 32, 64, 128
+OUT_BLOCK_D = 64  # tune: 32, 64
 OUT_NUM_WARPS = 8  # tune: 2, 4, 8
 
 
