@@ -187,7 +187,11 @@ def load_embedded():
 def _smollm2_from_gguf(folder):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+    config = gguf.config
+    # the weights are dequantised: a saved config that still said "gguf" would be refused by vLLM
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf.state_dict())
     model.generation_config = gguf.generation_config
     return model.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
@@ -333,8 +337,7 @@ class LM:
     def answer_prompt(self, messages, reasoning, answer_prefix, tools=None):
         """Prompt ids that end inside the answer: reasoning (if any), then `answer_prefix`."""
         if self.harmony:
-            tool = tools[0]["function"]["name"] if tools else None
-            return self.render(messages, tools) + self.encode(harmony.answer_start(reasoning, tool) + answer_prefix)
+            return harmony.answer_prompt(messages, reasoning, answer_prefix, tools, self.reasoning_effort)
         text = self._template(messages, tools) + (reasoning.strip() + "\n" if reasoning else "")
         return self.encode(text + answer_prefix)
 
