@@ -297,7 +297,7 @@ class OpenAIServerBackend:
         self._lock = threading.Lock()
         self.name = self.model
         self._warmed = set()
-        self._models, self._adapter_checked = None, False
+        self._models, self._adapter_checked, self._ready = None, False, False
 
     def _warm(self, shared, n_rows, **request):
         """Have every replica compute `shared` (the rows' common prefix: messages, or token ids for
@@ -339,6 +339,19 @@ class OpenAIServerBackend:
         return self.chat_format == "harmony"
 
     ADAPTER_PROBE = "A fused kernel reads its input once, so its speedup over two passes is"
+
+    def check_ready(self):
+        """Before the first forecast or mutation, once: the server answers and serves this model
+        (else a one-line ServerError naming the URL or the model, not a forecast that failed to
+        parse), and a served adapter is applied (check_adapter)."""
+        if self._ready:
+            return
+        served = self.served_models()
+        if self.model not in served:
+            raise ServerError(f"{self.servers[0]} does not serve a model named {self.model!r}; it serves "
+                              f"{', '.join(sorted(served)) or 'none'}: ask for one of these (or serve it)")
+        self.check_adapter()
+        self._ready = True
 
     def check_adapter(self, prompt=ADAPTER_PROBE):
         """With an adapter, the served model must be a LoRA adapter whose log-probs differ from its
@@ -414,6 +427,9 @@ class OpenAIServerBackend:
         if tools:
             req.update(tools=tools, tool_choice=self.tool_choice)
         resp, err = self._call(**req)
+        if err and "(400)" in err and ("--enable-auto-tool-choice" in err or "--tool-call-parser" in err):
+            raise ServerError(f"{self.servers[0]} answers no tool calls: start it with --enable-auto-tool-choice "
+                              f"--tool-call-parser NAME (openai for GPT-OSS); it said: {err}")
         if err:
             return Completion("", error=err, seconds=time.perf_counter() - t0)
         try:
@@ -437,7 +453,7 @@ class OpenAIServerBackend:
 
     def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None,
                  shared=None):
-        self.check_adapter()
+        self.check_ready()
         tool_kw = dict(tools=tools, tool_choice=self.tool_choice) if tools else {}
         self._warm(shared, len(conversations), temperature=temperature,
                    reasoning_effort=self.reasoning_effort, **tool_kw)
@@ -488,7 +504,7 @@ class OpenAIServerBackend:
         return probs
 
     def next_token_probs(self, prompts, candidate_tokens, shared=None):
-        self.check_adapter()
+        self.check_ready()
         ids = None
         if prompts and _is_ids(prompts[0]):  # harmony ids: each digit must be one token
             ids = [harmony.encoding().encode(c, allowed_special="all") for c in candidate_tokens]

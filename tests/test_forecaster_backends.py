@@ -156,9 +156,21 @@ def test_server_errors_become_parse_failures():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    f = F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
-        .forecast_many("cross_entropy", REF, [CAND])[0]
-    assert f.parse_failed and "APIConnectionError" in f.parse_error
+    # a server that cannot be reached, or does not serve the model, stops the run before any forecast
+    with pytest.raises(ServerError, match=f"cannot list the models served at http://127.0.0.1:{port}/v1"):
+        F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])
+    with FakeOpenAIServer() as server:
+        with pytest.raises(ServerError, match="does not serve a model named 'gpt-oss-120b'; it serves openai/gpt-oss-20b"):
+            F.Forecaster(OpenAIServerBackend(server.url, model="gpt-oss-120b"), cache_dir=None, hardware=A100) \
+                .forecast_many("cross_entropy", REF, [CAND])
+    refused = error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+    with FakeOpenAIServer(replies=[refused]) as server:
+        with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice"):
+            F.Forecaster(server_backend(server.url), cache_dir=None, hardware=A100) \
+                .forecast_many("cross_entropy", REF, [CAND])
+    assert F.main(["--task", "cross_entropy", "--candidate", __file__, "--server",
+                   f"http://127.0.0.1:{port}/v1"]) == 2  # one line on stderr, no forecast
 
 
 def test_server_replicas_share_the_rows_least_loaded_first_and_a_retry_goes_to_another():

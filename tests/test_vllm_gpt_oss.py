@@ -244,8 +244,8 @@ def test_bad_server_settings_are_one_line_errors(served):
     from forecaster_backends import OpenAIServerBackend, ServerError
     from test_forecast_prompt import A100, CAND, REF
     _, _, url = served
-    f = F.Forecaster(OpenAIServerBackend(url, model="no-such-model", retries=0), cache_dir=None,
-                     hardware=A100).forecast_many("cross_entropy", REF, [CAND])[0]
-    assert f.parse_failed and "404" in f.parse_error and "\n" not in f.parse_error
+    with pytest.raises(ServerError, match=f"does not serve a model named 'no-such-model'; it serves {MODEL}"):
+        F.Forecaster(OpenAIServerBackend(url, model="no-such-model", retries=0), cache_dir=None,
+                     hardware=A100).forecast_many("cross_entropy", REF, [CAND])
     with pytest.raises(ServerError, match="serves no adapter named 'tiny-gpt-oss'"):
         OpenAIServerBackend(url, model=MODEL, adapter="runs/x").check_adapter()

@@ -91,11 +91,11 @@ def test_served_adapters_are_checked_to_change_the_log_probs(served):
 
 def test_tools_without_the_servers_tool_flags_are_a_one_line_error(served):
     """This server runs without --enable-auto-tool-choice: a verbalized forecast (a request with
-    tools) is refused, and the row's reason names the flags."""
+    tools) is refused, and the run stops with one line naming the flags (no parse failure)."""
     import forecaster as F
+    from forecaster_backends import ServerError
     from test_forecast_prompt import A100, CAND, REF
     backend, _, _, _ = served
-    f = F.Forecaster(backend, cache_dir=None, hardware=A100, max_new_tokens=8).forecast_many(
-        "cross_entropy", REF, [CAND])[0]
-    assert f.parse_failed and "(400)" in f.parse_error and "--enable-auto-tool-choice" in f.parse_error
-    assert "\n" not in f.parse_error
+    with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice") as e:
+        F.Forecaster(backend, cache_dir=None, hardware=A100, max_new_tokens=8).forecast_many("cross_entropy", REF, [CAND])
+    assert "\n" not in str(e.value)
