@@ -102,8 +102,15 @@ def default_reply(request):
     if request.get("logprob_token_ids"):  # the digits' log-probs (uniform) after a token-id prompt
         return token_logprobs({i: math.log(1 / 8) for i in request["logprob_token_ids"]})
     if "prompt" in request:  # the completions endpoint: n samples of a token-id prompt
-        lps = [-0.5, -1.5] if request.get("logprobs") is not None else None
-        return text_completion([{"token_ids": [1, 2], "text": "ab", "token_logprobs": lps}] * request.get("n", 1))
+        # two tokens; with room for more and stop ids, the first stop id ends the sample, kept in
+        # token_ids with its log-prob and named in stop_reason, as vLLM does
+        stop = (request.get("stop_token_ids") or [None])[0]
+        ends = stop is not None and request.get("max_tokens", 16) > 2
+        ids, lps = [1, 2] + [stop] * ends, [-0.5, -1.5] + [-0.1] * ends
+        sample = {"token_ids": ids, "text": "ab", "finish_reason": "stop" if ends else "length",
+                  "stop_reason": stop if ends else None,
+                  "token_logprobs": lps if request.get("logprobs") is not None else None}
+        return text_completion([sample] * request.get("n", 1))
     if request.get("logprobs"):
         return logprobs({"5": 0.4, "4": 0.3, "6": 0.2, " 5": 0.05})
     return tool_call()

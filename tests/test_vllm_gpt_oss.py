@@ -230,6 +230,13 @@ def test_grpo_server_samples_and_their_importance_weights(served):
         served_lp = torch.tensor([lp if lp is not None else float(local[i]) for i, lp in enumerate(lps)])
         weights = torch.exp(local - served_lp)
         assert float(weights.mean()) == pytest.approx(1.0, abs=0.1)
+    # what the fake server (tests/fake_openai_server.py) mirrors: vLLM keeps the stop token in
+    # token_ids, with its log-prob, and names it in stop_reason
+    raw = backend.clients[0].completions.create(model=MODEL, prompt=prompt, max_tokens=400, temperature=1.0,
+                                                logprobs=1, extra_body={"stop_token_ids": stop, "return_token_ids": True})
+    choice = raw.choices[0]
+    assert (choice.finish_reason, choice.stop_reason, choice.token_ids[-1]) == ("stop", stop[1], stop[1])
+    assert len(choice.logprobs.token_logprobs) == len(choice.token_ids)
     # the votes format: only the bin digits may be sampled
     digits = [harmony.encoding().encode(str(b))[0] for b in range(1, 9)]
     answer = harmony.answer_prompt(build_messages("cross_entropy", REF, CAND, A100), None, '{"predicted_bin": ',
