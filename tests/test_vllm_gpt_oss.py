@@ -234,8 +234,8 @@ def test_grpo_server_samples_and_their_importance_weights(served):
     # token_ids, with its log-prob, and names it in stop_reason
     raw = backend.clients[0].completions.create(model=MODEL, prompt=prompt, max_tokens=400, temperature=1.0,
                                                 logprobs=1, extra_body={"stop_token_ids": stop, "return_token_ids": True})
-    choice = raw.choices[0]
-    assert (choice.finish_reason, choice.stop_reason, choice.token_ids[-1]) == ("stop", stop[1], stop[1])
+    choice, call = raw.choices[0], harmony.encoding().encode("<|call|>", allowed_special="all")[0]
+    assert (choice.finish_reason, choice.stop_reason, choice.token_ids[-1]) == ("stop", call, call)
     assert len(choice.logprobs.token_logprobs) == len(choice.token_ids)
     # the votes format: only the bin digits may be sampled
     digits = [harmony.encoding().encode(str(b))[0] for b in range(1, 9)]
