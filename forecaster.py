@@ -198,7 +198,8 @@ class Forecaster:
         seconds = (time.perf_counter() - t0) / max(1, len(convs))
         out = []
         for c, r, p, prompt in zip(comps, reasoning, rows, prompts):
-            n_in = len(prompt) if isinstance(prompt[0], int) else c.tokens_in
+            # the read-out's prompt: token ids here, or a chat prompt that a server counted (its Probs row)
+            n_in = len(prompt) if isinstance(prompt[0], int) else getattr(p, "tokens_in", 0) or c.tokens_in
             if c.error or isinstance(p, str):
                 out.append((failure(c.error or p, tokens_in=n_in, seconds=seconds), False))
                 continue

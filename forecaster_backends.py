@@ -286,6 +286,7 @@ class OpenAIServerBackend:
     concurrency: int = 8
     top_logprobs: int = 20
     adapter: str = None
+    chat_format: str = None  # "harmony" or "chat"; None: harmony when the served model is GPT-OSS
 
     def __post_init__(self):
         from openai import OpenAI
@@ -296,15 +297,89 @@ class OpenAIServerBackend:
         self._lock = threading.Lock()
         self.name = self.model
         self._warmed = set()
+        self._models, self._adapter_checked, self._ready = None, False, False
 
     def _warm(self, shared, n_rows, **request):
-        """Have every replica compute `shared` (the rows' common prefix) once before the rows."""
+        """Have every replica compute `shared` (the rows' common prefix: messages, or token ids for
+        the completions endpoint) once before the rows."""
         key = json.dumps([shared, request], sort_keys=True, default=str)
         if not shared or n_rows < 2 or key in self._warmed:
             return
+        prompt = dict(endpoint="completions", prompt=list(shared)) if _is_ids(shared) else dict(messages=shared)
         for replica in range(len(self.servers)):
-            self._call(messages=shared, max_tokens=1, replica=replica, **request)  # a failure only costs the reuse
+            self._call(max_tokens=1, replica=replica, **prompt, **request)  # a failure only costs the reuse
         self._warmed.add(key)
+
+    # -- what the server serves --
+    def served_models(self):
+        """{id: entry} of the first replica's /v1/models (vLLM's entries name a LoRA adapter's base
+        model in `parent`); raises ServerError when the server cannot be asked."""
+        if self._models is None:
+            try:
+                self._models = {m.id: m for m in self.clients[0].models.list().data}
+            except Exception as e:
+                raise ServerError(f"cannot list the models served at {self.servers[0]}: {_one_line(e)}; is the "
+                                  "server up and the URL right (it ends in /v1)?") from None
+        return self._models
+
+    @property
+    def harmony(self):
+        """GPT-OSS speaks harmony, whose prompts this backend renders itself for the logits read-out
+        (harmony.py): vLLM's harmony renderer ignores `continue_final_message`, so a chat request
+        cannot end inside the answer. Known from the model's name, its adapter's base or its folder."""
+        def gpt_oss(name):
+            return bool(name) and ("gpt-oss" in str(name).lower() or "gpt_oss" in str(name).lower())
+        if self.chat_format is None:
+            try:
+                entry = None if gpt_oss(self.model) else self.served_models().get(self.model)
+            except ServerError:
+                entry = None
+            names = [self.model] + [getattr(entry, k, None) for k in ("root", "parent")]
+            self.chat_format = "harmony" if any(map(gpt_oss, names)) else "chat"
+        return self.chat_format == "harmony"
+
+    ADAPTER_PROBE = "A fused kernel reads its input once, so its speedup over two passes is"
+
+    def check_ready(self):
+        """Before the first forecast or mutation, once: the server answers and serves this model
+        (else a one-line ServerError naming the URL or the model, not a forecast that failed to
+        parse), and a served adapter is applied (check_adapter)."""
+        if self._ready:
+            return
+        served = self.served_models()
+        if self.model not in served:
+            raise ServerError(f"{self.servers[0]} does not serve a model named {self.model!r}; it serves "
+                              f"{', '.join(sorted(served)) or 'none'}: ask for one of these (or serve it)")
+        self.check_adapter()
+        self._ready = True
+
+    def check_adapter(self, prompt=ADAPTER_PROBE):
+        """With an adapter, the served model must be a LoRA adapter whose log-probs differ from its
+        base model's on a fixed prompt (text, tokenized by the server): some vLLM versions accept a
+        LoRA on GPT-OSS's experts and silently ignore it, and every forecast would then be the base
+        model's under the adapter's name. Raises ServerError (one line) when it is not applied;
+        checked once (on the first replica), before the first request."""
+        if not self.adapter or self._adapter_checked:
+            return
+        base = getattr(self.served_models().get(self.model), "parent", None)
+        if self.model not in self.served_models() or not base:
+            raise ServerError(f"{self.servers[0]} serves no adapter named {self.model!r} (it serves "
+                              f"{', '.join(sorted(self.served_models()))}): serve it with `--enable-lora "
+                              f"--lora-modules {self.model}=ADAPTER_FOLDER` and ask for that name")
+        top = {}
+        for name in (self.model, base):
+            resp, err = self._call(endpoint="completions", model=name, prompt=prompt, max_tokens=1,
+                                   temperature=0.0, logprobs=self.top_logprobs)
+            if err:
+                raise ServerError(f"checking adapter {self.model} on {self.servers[0]}: {err}")
+            top[name] = resp.choices[0].logprobs.top_logprobs[0]
+        gap = max([abs(lp - top[base].get(t, -math.inf)) for t, lp in top[self.model].items()], default=0.0)
+        if gap < 1e-4:
+            raise ServerError(f"adapter {self.model} on {self.servers[0]} does not change the log-probs of a fixed "
+                              f"prompt (largest difference from {base}: {gap:.1e}): the server does not apply it "
+                              "(vLLM's LoRA on GPT-OSS's experts); train it with --no-expert-lora or serve "
+                              "another vLLM version")
+        self._adapter_checked = True
 
     def _pick(self, tried, replica=None):
         """The replica of a request's next try: `replica` when given, else the least loaded, one not
@@ -353,6 +428,9 @@ class OpenAIServerBackend:
         if tools:
             req.update(tools=tools, tool_choice=self.tool_choice)
         resp, err = self._call(**req)
+        if err and "(400)" in err and ("--enable-auto-tool-choice" in err or "--tool-call-parser" in err):
+            raise ServerError(f"{self.servers[0]} answers no tool calls: start it with --enable-auto-tool-choice "
+                              f"--tool-call-parser NAME (openai for GPT-OSS); it said: {err}")
         if err:
             return Completion("", error=err, seconds=time.perf_counter() - t0)
         try:
@@ -376,6 +454,7 @@ class OpenAIServerBackend:
 
     def generate(self, conversations, *, max_new_tokens=1024, temperature=1.0, seed=0, tools=None,
                  shared=None):
+        self.check_ready()
         tool_kw = dict(tools=tools, tool_choice=self.tool_choice) if tools else {}
         self._warm(shared, len(conversations), temperature=temperature,
                    reasoning_effort=self.reasoning_effort, **tool_kw)
@@ -384,34 +463,60 @@ class OpenAIServerBackend:
                                  conversations))
 
     def answer_prompt(self, messages, reasoning, answer_prefix, tools=None):
-        # a partial assistant message the server continues (vLLM: continue_final_message)
+        """GPT-OSS: token ids rendered here (harmony.answer_prompt), sent to the completions endpoint.
+        Other models: the messages plus a partial assistant message that the server's chat template
+        continues (vLLM's continue_final_message)."""
+        if self.harmony:
+            return harmony.answer_prompt(messages, reasoning, answer_prefix, tools, self.reasoning_effort)
         partial = (reasoning.strip() + "\n" if reasoning else "") + answer_prefix
         return list(messages) + [{"role": "assistant", "content": partial}]
 
     CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 
-    def _probs_one(self, messages, candidate_tokens):
-        resp, err = self._call(messages=messages, max_tokens=1, temperature=0.0, logprobs=True,
-                               top_logprobs=self.top_logprobs, extra_body=self.CONTINUE)
+    def _probs_one(self, prompt, candidate_tokens, candidate_ids):
+        if candidate_ids:  # harmony token ids: the log-prob of each digit, asked for by id (vLLM's logprob_token_ids)
+            resp, err = self._call(endpoint="completions", prompt=list(prompt), max_tokens=1, temperature=0.0,
+                                   logprobs=1, extra_body={"logprob_token_ids": candidate_ids,
+                                                           "return_tokens_as_token_ids": True})
+        else:
+            resp, err = self._call(messages=prompt, max_tokens=1, temperature=0.0, logprobs=True,
+                                   top_logprobs=self.top_logprobs, extra_body=self.CONTINUE)
         if err:
             return err
         try:
-            content = resp.choices[0].logprobs.content
-            top = content[0].top_logprobs if content else None
+            if candidate_ids:  # {"token_id:N": log-prob}, the sampled token's beside the digits'
+                top = resp.choices[0].logprobs.top_logprobs[0]
+                by_id = {int(k.rsplit(":", 1)[1]): v for k, v in top.items() if k.startswith("token_id:")}
+                pairs = [(c, by_id[i]) for c, i in zip(candidate_tokens, candidate_ids) if i in by_id]
+            else:
+                content = resp.choices[0].logprobs.content
+                pairs = [(t.token, t.logprob) for t in content[0].top_logprobs] if content else None
         except Exception:
-            top = None
-        if not top:
-            return "logits read-out unsupported: the server returned no top_logprobs"
+            pairs = None
+        if not pairs:
+            return ("logits read-out unsupported: the server returned no log-probs of the digits (a vLLM with "
+                    "logprob_token_ids is needed)" if candidate_ids else
+                    "logits read-out unsupported: the server returned no top_logprobs")
         seen = {}
-        for t in top:  # "3" and " 3" are the same answer; a candidate outside the top-k counts 0
-            seen[t.token.strip()] = seen.get(t.token.strip(), 0.0) + math.exp(t.logprob)
-        return [seen.get(c, 0.0) for c in candidate_tokens]
+        for token, logprob in pairs:  # "3" and " 3" are the same answer; a candidate outside the top-k counts 0
+            seen[token.strip()] = seen.get(token.strip(), 0.0) + math.exp(logprob)
+        probs = Probs(seen.get(c, 0.0) for c in candidate_tokens)
+        probs.tokens_in = len(prompt) if candidate_ids else getattr(resp.usage, "prompt_tokens", 0) or 0
+        return probs
 
     def next_token_probs(self, prompts, candidate_tokens, shared=None):
-        self._warm(shared, len(prompts), temperature=0.0, extra_body=self.CONTINUE)
+        self.check_ready()
+        ids = None
+        if prompts and _is_ids(prompts[0]):  # harmony ids: each digit must be one token
+            ids = [harmony.encoding().encode(c, allowed_special="all") for c in candidate_tokens]
+            if any(len(i) != 1 for i in ids):
+                raise ValueError(f"the logits read-out needs single-token candidates, got {candidate_tokens}")
+            ids = [i[0] for i in ids]
+            self._warm(shared, len(prompts), temperature=0.0)
+        else:
+            self._warm(shared, len(prompts), temperature=0.0, extra_body=self.CONTINUE)
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(lambda p: self._probs_one(p, candidate_tokens), prompts))
-
+            return list(pool.map(lambda p: self._probs_one(p, candidate_tokens, ids), prompts))
 
     # -- GRPO's samples: token ids in, token ids out --
     def sample_ids(self, prompts, *, n, max_new_tokens, temperature, stop_ids, allowed_ids=None, seed=None,
@@ -476,7 +581,18 @@ class OpenAIServerBackend:
 
 
 class ServerError(RuntimeError):
-    """A server could not serve a request that training cannot do without."""
+    """A server could not serve a request that training cannot do without, or fails a start-up
+    check (unreachable, no such model, no tool calls, an adapter it does not apply)."""
+
+
+class Probs(list):
+    """One row of next_token_probs: the candidates' probabilities, and the prompt's length in tokens
+    as the server counted it (a chat prompt is rendered there)."""
+    tokens_in = 0
+
+
+def _is_ids(prompt):
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], int)
 
 
 def _one_line(e):

@@ -12,9 +12,14 @@ content) is written back into it (markup), so that one parser (messages) reads e
 
     encoding()        the harmony encoding, offline: the o200k vocabulary can be rebuilt from the
                       quicktok-v1 package (write_o200k_vocab) on machines without internet
-    render()          a conversation as prompt token ids, ending with `<|start|>assistant`
+    render()          a conversation as prompt token ids, ending with `<|start|>assistant`; the
+                      system message carries `Current date: START_DATE`, fixed, as a server started
+                      with VLLM_SYSTEM_START_DATE=START_DATE renders it (vLLM always writes a date:
+                      today's unless pinned), so a prompt is the same tokens every day and on
+                      either side
     answer_start()    the text that opens the assistant's answer after its reasoning (the logits
                       read-out and the votes format force an answer this way)
+    answer_prompt()   render() + answer_start() + the answer's first characters, as token ids
     markup()          one assistant message as text
     messages()        the assistant messages of a text: the one harmony parser
 """
@@ -32,6 +37,9 @@ from records import cache_dir, write_atomic
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 O200K_N_RANKS = 199998  # ordinary (non-special) tokens of o200k_base
 MIN_VOCAB = 200_019     # a GPT-OSS config with fewer rows cannot hold the harmony special tokens
+# The conversation date in every system message (GPT-OSS's release); serve with
+# VLLM_SYSTEM_START_DATE=2025-08-05 so that the server writes the same.
+START_DATE = "2025-08-05"
 
 
 def write_o200k_vocab(folder):
@@ -81,7 +89,8 @@ def render(messages, tools, reasoning_effort):
                                 SystemContent, ToolDescription)
     effort = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM,
               "high": ReasoningEffort.HIGH}[reasoning_effort]
-    out = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new().with_reasoning_effort(effort))]
+    system = SystemContent.new().with_reasoning_effort(effort).with_conversation_start_date(START_DATE)
+    out = [Message.from_role_and_content(Role.SYSTEM, system)]
     # GPT-OSS takes its instructions in the developer message; the system message is reserved for
     # identity, reasoning effort and channels.
     instructions = "\n\n".join(m["content"] for m in messages if m["role"] in ("system", "developer"))
@@ -109,6 +118,15 @@ def answer_start(reasoning, tool=None):
     text = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
     return text + (f" to=functions.{tool}<|channel|>commentary <|constrain|>json<|message|>" if tool
                    else "<|channel|>final<|message|>")
+
+
+def answer_prompt(messages, reasoning, answer_prefix, tools, reasoning_effort):
+    """Token ids of a prompt that ends inside the answer: the rendered conversation, the reasoning
+    (if any) and the answer's opening (answer_start), then `answer_prefix`. What the logits
+    read-out scores the next token after, locally and through a server's completions endpoint."""
+    tool = tools[0]["function"]["name"] if tools else None
+    text = answer_start(reasoning, tool) + answer_prefix
+    return render(messages, tools, reasoning_effort) + encoding().encode(text, allowed_special="all")
 
 
 def markup(channel, content, recipient=None, end="<|end|>"):

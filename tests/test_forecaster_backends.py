@@ -7,7 +7,8 @@ import pytest
 
 import bins
 import forecaster as F
-from fake_openai_server import FakeOpenAIServer, default_reply, error, final_text, logprobs, text_completion
+from fake_openai_server import (MODELS, FakeOpenAIServer, default_reply, error, final_text, logprobs, text_completion,
+                                token_logprobs)
 from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
 from forecaster_backends import (OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend,
@@ -155,9 +156,21 @@ def test_server_errors_become_parse_failures():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    f = F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
-        .forecast_many("cross_entropy", REF, [CAND])[0]
-    assert f.parse_failed and "APIConnectionError" in f.parse_error
+    # a server that cannot be reached, or does not serve the model, stops the run before any forecast
+    with pytest.raises(ServerError, match=f"cannot list the models served at http://127.0.0.1:{port}/v1"):
+        F.Forecaster(server_backend(f"http://127.0.0.1:{port}/v1", retries=1), cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])
+    with FakeOpenAIServer() as server:
+        with pytest.raises(ServerError, match="does not serve a model named 'gpt-oss-120b'; it serves openai/gpt-oss-20b"):
+            F.Forecaster(OpenAIServerBackend(server.url, model="gpt-oss-120b"), cache_dir=None, hardware=A100) \
+                .forecast_many("cross_entropy", REF, [CAND])
+    refused = error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+    with FakeOpenAIServer(replies=[refused]) as server:
+        with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice"):
+            F.Forecaster(server_backend(server.url), cache_dir=None, hardware=A100) \
+                .forecast_many("cross_entropy", REF, [CAND])
+    assert F.main(["--task", "cross_entropy", "--candidate", __file__, "--server",
+                   f"http://127.0.0.1:{port}/v1"]) == 2  # one line on stderr, no forecast
 
 
 def test_server_replicas_share_the_rows_least_loaded_first_and_a_retry_goes_to_another():
@@ -178,18 +191,90 @@ def test_server_replicas_share_the_rows_least_loaded_first_and_a_retry_goes_to_a
     assert not f.parse_failed and (len(down.requests), len(up.requests)) == (1, 1)
 
 
-def test_server_logits_readout():
-    with FakeOpenAIServer(replies=[logprobs({"5": 0.4, "4": 0.3, " 5": 0.1, "x": 0.1})]) as server:
-        f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
+def test_server_logits_readout_for_gpt_oss_sends_our_harmony_ids(o200k):
+    """vLLM's harmony renderer ignores continue_final_message: GPT-OSS's read-out prompt is rendered
+    here, up to `{"predicted_bin": ` inside the tool call, and sent as ids to the completions
+    endpoint, which returns the 8 digits' log-probs by id (vLLM's logprob_token_ids)."""
+    import math
+
+    import harmony
+    digits = [harmony.encoding().encode(d)[0] for d in DIGITS]
+    probs = dict(zip(digits, [0.05, 0.05, 0.1, 0.2, 0.3, 0.1, 0.05, 0.05]))
+    reply = token_logprobs({i: math.log(p) for i, p in probs.items()}, sampled=12)
+    with FakeOpenAIServer(replies=[reply]) as server:
+        backend = server_backend(server.url)
+        f = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100) \
             .forecast_many("cross_entropy", REF, [CAND])[0]
+    req, path = server.requests[0], server.paths[0]
+    prompt = harmony.answer_prompt(build_messages("cross_entropy", REF, CAND, A100), "", ANSWER_PREFIX,
+                                   [FORECAST_TOOL], "medium")
+    assert path.endswith("/completions") and not path.endswith("/chat/completions")
+    assert req["prompt"] == prompt and req["logprob_token_ids"] == digits and req["return_tokens_as_token_ids"]
+    assert req["max_tokens"] == 1 and req["logprobs"] == 1
+    assert harmony.encoding().decode(prompt).endswith("<|constrain|>json<|message|>" + ANSWER_PREFIX)
+    assert "Current date: " + harmony.START_DATE in harmony.encoding().decode(prompt)
+    # the sampled token (12, not a digit) beside the digits is not counted
+    assert f.probs == pytest.approx([p / 0.9 for p in probs.values()]) and f.raw_sum == pytest.approx(0.9)
+    assert f.tokens_in == len(prompt) and not f.parse_failed
+
+
+def test_server_logits_readout_through_a_chat_template():
+    """A model that is not GPT-OSS (no "gpt-oss" in its name, its root or its parent) keeps the chat
+    endpoint, whose template continues a partial assistant message; tokens_in is the server's count."""
+    models = [{"id": "smollm2", "object": "model", "root": "/models/SmolLM2-135M-Instruct", "parent": None}]
+    with FakeOpenAIServer(replies=[logprobs({"5": 0.4, "4": 0.3, " 5": 0.1, "x": 0.1})], models=models) as server:
+        backend = OpenAIServerBackend(server.url, model="smollm2", backoff_s=0.01, timeout_s=10)
+        f = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100) \
+            .forecast_many("cross_entropy", REF, [CAND])[0]
+    assert not backend.harmony  # asked /v1/models: its root is no GPT-OSS
     req = server.requests[0]
     assert req["logprobs"] is True and req["max_tokens"] == 1 and req["continue_final_message"] is True
     assert req["messages"][-1] == {"role": "assistant", "content": ANSWER_PREFIX}
     assert f.raw_sum == pytest.approx(0.8) and f.probs[4] == pytest.approx(0.5 / 0.8) and f.predicted_bin == 5
-    with FakeOpenAIServer(replies=[final_text("5")]) as server:  # a server without logprobs
-        f = F.Forecaster(server_backend(server.url), readout="logits", cache_dir=None, hardware=A100) \
+    assert f.tokens_in == 100  # the fake's usage.prompt_tokens
+    with FakeOpenAIServer(replies=[final_text("5")], models=models) as server:  # a server without logprobs
+        backend = OpenAIServerBackend(server.url, model="smollm2", backoff_s=0.01, timeout_s=10)
+        f = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100) \
             .forecast_many("cross_entropy", REF, [CAND])[0]
     assert f.parse_failed and "unsupported" in f.parse_error
+
+
+def test_a_served_adapter_that_changes_nothing_stops_the_run():
+    """Item: some vLLM versions load a LoRA on GPT-OSS's experts and ignore it. Before its first
+    request the backend compares the adapter's log-probs of a fixed prompt with its base model's."""
+    import math
+    models = MODELS + [{"id": "grpo-brier", "object": "model", "root": "runs/a", "parent": "openai/gpt-oss-20b"}]
+
+    def replies(differ):
+        def reply(request):
+            if request.get("prompt") == OpenAIServerBackend.ADAPTER_PROBE:
+                shift = 0.3 if differ and request["model"] == "grpo-brier" else 0.0
+                top = {" 2": math.log(0.5) - shift, " 3": math.log(0.2) + shift}
+                return 200, {
+                    "id": "c", "object": "text_completion", "created": 0, "model": request["model"], "usage": None,
+                    "choices": [{"index": 0, "text": " 2", "finish_reason": "length", "logprobs": {
+                        "tokens": [" 2"], "token_logprobs": [top[" 2"]], "top_logprobs": [top], "text_offset": [0]}}]}
+            return default_reply(request)
+        return reply
+
+    with FakeOpenAIServer(default=replies(True), models=models) as server:
+        backend = server_backend(server.url, adapter="grpo-brier")
+        backend.model = "grpo-brier"
+        f = F.Forecaster(backend, cache_dir=None, hardware=A100).forecast_many("cross_entropy", REF, [CAND])[0]
+        assert not f.parse_failed
+        assert [r.get("model") for r in server.requests[:2]] == ["grpo-brier", "openai/gpt-oss-20b"]
+        backend.generate([[{"role": "user", "content": "x"}]])
+        assert len([r for r in server.requests if r.get("prompt") == backend.ADAPTER_PROBE]) == 2  # once
+    with FakeOpenAIServer(default=replies(False), models=models) as server:
+        backend = server_backend(server.url, adapter="grpo-brier")
+        backend.model = "grpo-brier"
+        with pytest.raises(ServerError, match="adapter grpo-brier .* does not change the log-probs .* does not apply it"):
+            F.Forecaster(backend, cache_dir=None, hardware=A100).forecast_many("cross_entropy", REF, [CAND])
+        backend.model = "openai/gpt-oss-20b"  # the base model named where the adapter should be
+        with pytest.raises(ServerError, match="serves no adapter named 'openai/gpt-oss-20b'.*--lora-modules"):
+            backend.check_adapter()
+    assert F.main(["--task", "cross_entropy", "--candidate", __file__, "--server", "http://127.0.0.1:9/v1",
+                   "--model", "grpo-brier", "--adapter", "runs/a"]) == 2  # unreachable: one line, no forecast
 
 
 # ---- sampling token ids on a server (GRPO's --server) ----------------------------------------------

