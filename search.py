@@ -83,7 +83,7 @@ import plots
 from cli import flag
 from dataset import training_row
 from forecast_prompt import PROTOCOLS
-from forecaster_backends import EMBEDDED_DTYPES
+from forecaster_backends import EMBEDDED_DTYPES, ServerError
 from lm import DEFAULT_MODEL
 from mutators import goal_reward
 from puct import Archive
@@ -615,7 +615,7 @@ def main(argv=None):
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
                   "training_rows.jsonl best_speedup.png")
-    except (SearchError, SetupError, RecordError) as e:
+    except (SearchError, SetupError, RecordError, ServerError) as e:  # ServerError: the start-up checks of a --server
         print(f"search.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

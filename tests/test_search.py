@@ -263,6 +263,15 @@ def test_cli_without_a_sandbox_refuses_at_start_up(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "run").exists()
 
 
+def test_cli_an_unreachable_server_is_one_line_not_a_traceback(tmp_path, capsys):
+    # the server backend's start-up checks (models listed, tools accepted, an adapter applied)
+    # stop a search in one line, before any forecast could count as a parse failure
+    rc = search.main(["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1", "--budget", "2",
+                      "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "http://127.0.0.1:9/v1" in err[0] and "Traceback" not in err[0]
+
+
 def test_outputs_and_training_rows(tmp_path):
     s, summary, _ = run(tmp_path, budget=6)
     out = tmp_path / "run"
