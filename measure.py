@@ -123,6 +123,7 @@ class Measurement:
     device: str = ""
     timer: str = ""
     scale: str = ""
+    baseline: str = "eager"           # the reference as written, or through torch.compile (--baseline compile)
     flags: list = dataclasses.field(default_factory=list)
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
@@ -184,7 +185,7 @@ def screen_source(source):
 # ---------------------------------------------------------------------------------------------
 
 def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, memory_gb=None,
-            use_cache=True, cache_dir=None, quick=False, unsafe_no_sandbox=False):
+            use_cache=True, cache_dir=None, quick=False, unsafe_no_sandbox=False, baseline="eager"):
     """Measure one candidate source against the task's reference. Never raises for a bad kernel:
     its fate is `Measurement.status`. Raises ValueError for bad usage (unknown task, no GPU, no
     sandbox: measure_sandbox.SandboxUnavailable) and HarnessError when the trusted side fails.
@@ -195,6 +196,8 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     scale: "benchmark" (the paper's shapes,
     default on GPU) or "cpu" (small shapes, default on CPU). quick: fewer timed calls.
     unsafe_no_sandbox: run the candidate's worker without bubblewrap (see the README).
+    baseline: "eager" (the reference as written: KernelBench's fast_p baseline and the paper's) or
+    "compile" (the reference through torch.compile, KernelBench's second baseline).
     """
     from tasks import TASK_NAMES, get_task, resolve_task
 
@@ -207,6 +210,8 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     if task not in TASK_NAMES:
         get_task(task)
         task_sha = hashlib.sha256(Path(task).read_bytes()).hexdigest()
+    if baseline not in ("eager", "compile"):
+        raise ValueError(f"baseline must be 'eager' or 'compile', got {baseline!r}")
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     if device != "cpu":
@@ -225,7 +230,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     memory_gb = memory_gb or (32.0 if device == "cuda" else 6.0)
     sha = hashlib.sha256(source.encode()).hexdigest()
     device_name = _device_name(device, gpu)
-    base = dict(task=task, device=device_name, scale=scale, source_sha256=sha, sandbox=sandbox,
+    base = dict(task=task, device=device_name, scale=scale, baseline=baseline, source_sha256=sha, sandbox=sandbox,
                 timer=("parent clock: wall time of each block, paired with the reference's (GPU)" if device == "cuda" else
                        "parent clock: CPU time of each sandbox per window, paired with the reference's "
                        "(Triton interpreter; not GPU times)"))
@@ -234,7 +239,8 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     if reason:
         return Measurement(status="rejected", message=reason, **base)
 
-    key = hashlib.sha256(json.dumps([task, task_sha, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]).encode())
+    key = hashlib.sha256(json.dumps([task, task_sha, sha, device_name, scale, unsafe_no_sandbox, HARNESS_VERSION]
+                                    + ([baseline] if baseline != "eager" else [])).encode())
     cache_file = Path(cache_dir or DEFAULT_CACHE_DIR) / f"{key.hexdigest()[:32]}.json"
     if use_cache and cache_file.exists():
         try:
@@ -245,7 +251,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     start = time.perf_counter()
     run = dict(task=task, source=source, device=device, gpu=gpu if device == "cuda" else None,
                device_name=device_name, scale=scale, timeout_s=timeout_s,
-               memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox)
+               memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox, baseline=baseline)
     result = _measure_once(**run)
     cacheable = result.pop("cacheable", True)
     confirm = CONFIRM_SPEEDUP[device]
@@ -271,7 +277,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     return m
 
 
-def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memory_bytes, quick, sandboxed):
+def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memory_bytes, quick, sandboxed, baseline):
     """One measurement in a fresh candidate worker; a dict of Measurement fields (and whether the
     verdict may be cached)."""
     ws = workers(gpu)  # this thread's workers on that GPU
@@ -279,7 +285,7 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
         cand = ws.candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
         try:
             try:
-                ref, ready = ws.reference_worker(task, device, sandboxed)
+                ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
             for w in (ref, cand):  # both sides of every comparison on one core (measure_channel.WorkerSet)
@@ -815,19 +821,30 @@ def main(argv=None):
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="run the candidate without bubblewrap: it can then read and write what you can, "
                              "leave processes behind and forge later measurements; only for code you trust")
+    parser.add_argument("--baseline", choices=["eager", "compile"], default="eager",
+                        help="eager: the speedup over the reference as written (KernelBench's fast_p, the paper's); "
+                             "compile: that, and beside it the speedup over torch.compile of the reference "
+                             "(a second measurement; its first calls compile)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     if args.kernelbench_dir:
         os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
     try:
         source = read_candidate(args.candidate)
-        m = measure(args.task, source, device=args.device, scale=args.scale, timeout_s=args.timeout,
-                    memory_gb=args.memory_gb, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                    quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
+        kw = dict(device=args.device, scale=args.scale, timeout_s=args.timeout, memory_gb=args.memory_gb,
+                  use_cache=not args.no_cache, cache_dir=args.cache_dir, quick=args.quick,
+                  unsafe_no_sandbox=args.unsafe_no_sandbox)
+        m = measure(args.task, source, **kw)
+        compiled = measure(args.task, source, baseline="compile", **kw) if args.baseline == "compile" else None
     except (ValueError, HarnessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 3
-    print(json.dumps(m.to_dict()) if args.json else format_table(m))
+    if args.json:
+        print(json.dumps(m.to_dict() if compiled is None else {**m.to_dict(), "over_compile": compiled.to_dict()}))
+    else:
+        print(format_table(m))
+        if compiled is not None:
+            print("\nover torch.compile of the reference (--baseline compile):\n" + format_table(compiled))
     return 0
 
 

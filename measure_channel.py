@@ -185,9 +185,10 @@ class WorkerProcess:
     """A worker in its sandbox (plan=None: unsandboxed). `trusted`: the reference worker, whose
     protocol violations are the harness's failures, not a candidate's."""
 
-    def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=()):
+    def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=(),
+                 baseline="eager"):
         self.role, self.trusted, self.memory_bytes = role, role == "reference", memory_bytes
-        argv = [sys.executable, "-B", WORKER, role, task, device]
+        argv = [sys.executable, "-B", WORKER, role, task, device] + (["compile"] if baseline == "compile" else [])
         if os.path.isabs(task):  # a problem file (the user's, trusted): both workers import it, read-only
             binds_ro = [*binds_ro, task]
         tmp = "/tmp" if plan is not None else tempfile.mkdtemp(dir=exchange(), prefix=f"{role}-tmp-")
@@ -517,16 +518,17 @@ class WorkerSet:
                          "handover": _private_dir("handover-", False)}
         return self.dirs
 
-    def reference_worker(self, task, device, sandboxed):
+    def reference_worker(self, task, device, sandboxed, baseline="eager"):
         """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It
-        runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same."""
-        key = (task, device, sandboxed)
+        runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same.
+        baseline "compile": its reference is torch.compile'd (measure.py --baseline compile)."""
+        key = (task, device, sandboxed, baseline)
         if key not in self.references or not self.references[key][0].alive():
             self.drop_reference()
             plan = sandbox_plan() if sandboxed else None
             d = self._dirs(plan)
             w = WorkerProcess("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
-                              binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]])
+                              binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]], baseline=baseline)
             try:
                 self.references[key] = (w, w.recv(time.monotonic() + 600, "ready"))
             except WorkerFailed as e:

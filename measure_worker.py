@@ -215,13 +215,17 @@ def copy_bandwidth():
 # ---------------------------------------------------------------------------------------------
 
 class Worker:
-    def __init__(self, role, task_name, device, out):
+    def __init__(self, role, task_name, device, out, baseline="eager"):
         import torch
 
         from tasks import get_task
         self.role, self.device, self.out = role, device, out
         self.task = get_task(task_name)
         self.fn = self.task.reference if role == "reference" else None
+        if self.fn is not None and baseline == "compile":
+            # KernelBench's second baseline: the reference as torch.compile makes it. Its first
+            # calls (the correctness calls) compile; its outputs are the ones candidates must match.
+            self.fn = torch.compile(self.fn)
         torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
         torch.backends.cudnn.allow_tf32 = False
         if device == "cpu":
@@ -541,12 +545,13 @@ def join_fresh_keyring():
 
 def main():
     role, task_name, device = sys.argv[1], sys.argv[2], sys.argv[3]
+    baseline = sys.argv[4] if len(sys.argv) > 4 else "eager"
     # Replies go to a private copy of stdout; print() and the candidate's writes go to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.path.insert(0, ROOT)
     join_fresh_keyring()
-    worker = Worker(role, task_name, device, out)
+    worker = Worker(role, task_name, device, out, baseline)
     ready = {"op": "ready", "role": role, "pid": os.getpid()}
     if role == "reference":  # what the parent needs of the task, so that it never imports it
         t = worker.task

@@ -52,3 +52,23 @@ def test_cuda_timer_agrees_with_do_bench_and_its_fixed_cost_is_small():
     assert 0.8 < ours / theirs < 1.25, (ours, theirs)
     empty = statistics.median(timer.run(lambda x: None, [None] * 200)[1])
     assert empty < 0.02, f"the timer alone costs {empty * 1e3:.1f} us per call"
+
+
+def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypatch):
+    """--baseline compile: the reference worker's timed function is torch.compile of the task's
+    reference (compiling happens at its first call, not here); the candidate's worker never gets one,
+    and a bad baseline is a one-line usage error before any worker starts."""
+    import io
+
+    import measure
+    import measure_worker
+    from triton.runtime import interpreter
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
+    eager = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO())
+    compiled = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO(), baseline="compile")
+    candidate = measure_worker.Worker("candidate", "cross_entropy", "cpu", io.BytesIO(), baseline="compile")
+    assert eager.fn is eager.task.reference
+    assert getattr(compiled.fn, "_torchdynamo_orig_callable", None) is compiled.task.reference
+    assert candidate.fn is None
+    with pytest.raises(ValueError, match="baseline"):
+        measure.measure("cross_entropy", "def custom_kernel(data):\n    return data\n", device="cpu", baseline="jit")
