@@ -98,14 +98,30 @@ def weighted_sum(raw, a, b):
     return total
 
 
-def describe_error(e):
+# What a kernel that needs a GPU raises when it runs on CPU: torch without a CUDA device (a CPU
+# build, or a CUDA build with no driver), Triton with no GPU driver, Triton's interpreter meeting
+# inline PTX, a CUDA extension's build, or the kernel's own refusal. Matched against the whole
+# chain of the exception, only on CPU: on a GPU these are real failures and say so as they are.
+NEEDS_GPU = [
+    (r"inline_asm not supported in interpreter", "inline assembly (tl.inline_asm_elementwise), which Triton's CPU interpreter does not run"),
+    (r"not compiled with CUDA|[Nn]o NVIDIA driver|No CUDA GPUs are available|CUDA driver initialization failed",
+     "a CUDA device (torch.cuda or device='cuda'), and none is here"),
+    (r"0 active drivers|active driver", "Triton's GPU driver (a launch outside the interpreter, or the GPU's properties)"),
+    (r"CUDA_HOME|\bnvcc\b|cuda_runtime|with_cuda", "a CUDA extension compiled with nvcc"),
+    (r"\bCUDA\b.{0,40}\b(required|not available|unavailable|needed)|\b(requires?|needs?) (a )?(CUDA|GPU)\b",
+     "a CUDA GPU (the kernel says so)"),
+]
+
+
+def describe_error(e, device=None):
     """A kernel's exception in one line; a Triton API the installed Triton removed (block pointers,
     `tl.make_block_ptr` and `tl.advance`, are gone from recent Triton) is named as such, not left
-    as the interpreter's or the compiler's bare error."""
+    as the interpreter's or the compiler's bare error. On CPU, a kernel that needs a GPU (NEEDS_GPU)
+    says that it cannot run here and why, so that the verdict is not read as a bug in it."""
     text = f"{type(e).__name__}: {e}"
     chain, x = [], e
     while x is not None and len(chain) < 8:
-        chain.append(str(x))
+        chain.append(f"{type(x).__name__}: {x}")
         x = x.__cause__ or x.__context__
     for said in chain:
         gone = re.search(r"module '(triton(?:\.language)?)' has no attribute '(\w+)'", said)
@@ -115,6 +131,13 @@ def describe_error(e):
         if what:
             import triton
             return f"the kernel needs {what}, which the installed Triton {triton.__version__} removed: rewrite that part without it"
+    if device == "cpu":
+        for said in chain:
+            for pattern, needs in NEEDS_GPU:
+                if re.search(pattern, said):
+                    first = said.strip().splitlines()[0] if said.strip() else said
+                    return (f"cannot run on CPU: the kernel needs {needs} ({first[:160]}); "
+                            "measure it on a GPU with --device cuda")
     return text
 
 
@@ -263,7 +286,7 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
-            return {"op": "error", "error": "compile_error", "message": describe_error(e)}
+            return {"op": "error", "error": "compile_error", "message": describe_error(e, self.device)}
         if fn is None:
             return {"op": "error", "error": "compile_error", "message": "the candidate does not define custom_kernel(data)"}
         if not callable(fn):
@@ -332,7 +355,7 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
-            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e)}"}, None
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e, self.device)}"}, None
 
     def run_block(self, cmd):
         """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
