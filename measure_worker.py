@@ -166,9 +166,40 @@ class CpuTimer:
         outs, ms = [], []
         for data in inputs:
             t0 = time.process_time()
-            outs.append(fn(data))
+            out = fn(data)
             ms.append((time.process_time() - t0) * 1e3)
+            outs.append(snapshot(out))
         return outs, ms
+
+
+def snapshot(out):
+    """A call's output as it is when the call returns: each plain tensor copied. A kernel may hand
+    back the same buffer from every call (a cache of scratch space, as GPU MODE submissions keep;
+    GPU MODE checks each output before the next call): without the copy, the next call would
+    overwrite the outputs this worker holds for the handover. Other objects are left as they are,
+    for the output checks to refuse. On CPU only, in both roles (the copy is inside both windows):
+    on a GPU a copy per call would cost the candidate and the reference unequally."""
+    import torch
+    if type(out) is torch.Tensor:
+        return out.clone() if out.is_contiguous() else out
+    if isinstance(out, (tuple, list)) and all(type(t) is torch.Tensor for t in out):
+        return type(out)(snapshot(t) for t in out)
+    return out
+
+
+def shared_outputs(outs):
+    """(i, j) for two calls of a block whose outputs share memory (a buffer handed back by every
+    call), or None."""
+    seen = {}
+    for j, out in enumerate(outs):
+        for t in tensors_of(out):
+            if t.numel() == 0:
+                continue
+            key = (t.device.type, t.untyped_storage().data_ptr())
+            if seen.get(key, j) != j:
+                return seen[key], j
+            seen.setdefault(key, j)
+    return None
 
 
 class CudaTimer:
@@ -369,6 +400,12 @@ class Worker:
         outs, ms = self._run(case, inputs)
         if ms is None:
             return outs  # the kernel's error
+        shared = shared_outputs(outs)
+        if shared:  # each earlier output now holds a later call's answer: name it, not "incorrect"
+            return {"op": "error", "error": "runtime_error", "message": (
+                f"{case_str(case)}: calls {shared[0]} and {shared[1]} returned the same memory (an output buffer "
+                "reused across calls); on a GPU the harness holds every output of a block of calls until it is "
+                "checked: return a new tensor from each call")}
         self.block = (cmd["id"], case, given, outs)
         if self.role != "reference":
             return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
