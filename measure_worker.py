@@ -106,7 +106,7 @@ NEEDS_GPU = [
     (r"inline_asm not supported in interpreter", "inline assembly (tl.inline_asm_elementwise), which Triton's CPU interpreter does not run"),
     (r"not compiled with CUDA|[Nn]o NVIDIA driver|No CUDA GPUs are available|CUDA driver initialization failed",
      "a CUDA device (torch.cuda or device='cuda'), and none is here"),
-    (r"0 active drivers|active driver", "Triton's GPU driver (a launch outside the interpreter, or the GPU's properties)"),
+    (r"\b0 active drivers\b", "Triton's GPU driver (a launch outside the interpreter, or the GPU's properties)"),
     (r"CUDA_HOME|\bnvcc\b|cuda_runtime|with_cuda", "a CUDA extension compiled with nvcc"),
     (r"\bCUDA\b.{0,40}\b(required|not available|unavailable|needed)|\b(requires?|needs?) (a )?(CUDA|GPU)\b",
      "a CUDA GPU (the kernel says so)"),

@@ -191,6 +191,11 @@ def test_cpu_verdicts_name_a_missing_gpu_and_gpu_verdicts_keep_the_error():
     assert not describe_error(error, "cuda").startswith("cannot run on CPU")
     plain = describe_error(ValueError("shapes do not match"), "cpu")
     assert plain == "ValueError: shapes do not match"
+    triton = pytest.importorskip("triton")
+    try:  # a kernel that sizes its grid by the GPU's SM count asks Triton's driver
+        triton.runtime.driver.active.get_current_device()
+    except RuntimeError as e:
+        assert describe_error(e, "cpu").startswith("cannot run on CPU: the kernel needs Triton's GPU driver")
 
 
 def test_outputs_sharing_memory_across_calls_are_found():
