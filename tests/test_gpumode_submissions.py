@@ -209,3 +209,31 @@ def test_outputs_sharing_memory_across_calls_are_found():
     kept = snapshot(buf)
     buf.fill_(1.0)
     assert kept.sum() == 0 and type(kept) is torch.Tensor
+
+
+@pytest.mark.slow
+def test_an_autotuned_triton_kernel_runs_on_cpu():
+    # @triton.autotune times its configs with the GPU driver's benchmarker; under the CPU
+    # interpreter there is no driver, and the worker's stand-in takes the first config.
+    pytest.importorskip("triton")
+    src = "from task import input_t, output_t\n" + TRIMUL + '''
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 8192}, num_warps=4),
+                          triton.Config({"BLOCK": 4096}, num_warps=8)], key=["n"])
+@triton.jit
+def _copy(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+def custom_kernel(data: input_t) -> output_t:
+    out = _trimul(*data).contiguous()
+    copied = torch.empty_like(out)
+    _copy[lambda meta: (triton.cdiv(out.numel(), meta["BLOCK"]),)](out, copied, out.numel())
+    return copied
+'''
+    m = run(src)
+    assert m.status == "ok", m.message
