@@ -98,14 +98,30 @@ def weighted_sum(raw, a, b):
     return total
 
 
-def describe_error(e):
+# What a kernel that needs a GPU raises when it runs on CPU: torch without a CUDA device (a CPU
+# build, or a CUDA build with no driver), Triton with no GPU driver, Triton's interpreter meeting
+# inline PTX, a CUDA extension's build, or the kernel's own refusal. Matched against the whole
+# chain of the exception, only on CPU: on a GPU these are real failures and say so as they are.
+NEEDS_GPU = [
+    (r"inline_asm not supported in interpreter", "inline assembly (tl.inline_asm_elementwise), which Triton's CPU interpreter does not run"),
+    (r"not compiled with CUDA|[Nn]o NVIDIA driver|No CUDA GPUs are available|CUDA driver initialization failed",
+     "a CUDA device (torch.cuda or device='cuda'), and none is here"),
+    (r"\b0 active drivers\b", "Triton's GPU driver (a launch outside the interpreter, or the GPU's properties)"),
+    (r"CUDA_HOME|\bnvcc\b|cuda_runtime|with_cuda", "a CUDA extension compiled with nvcc"),
+    (r"\bCUDA\b.{0,40}\b(required|not available|unavailable|needed)|\b(requires?|needs?) (a )?(CUDA|GPU)\b",
+     "a CUDA GPU (the kernel says so)"),
+]
+
+
+def describe_error(e, device=None):
     """A kernel's exception in one line; a Triton API the installed Triton removed (block pointers,
     `tl.make_block_ptr` and `tl.advance`, are gone from recent Triton) is named as such, not left
-    as the interpreter's or the compiler's bare error."""
+    as the interpreter's or the compiler's bare error. On CPU, a kernel that needs a GPU (NEEDS_GPU)
+    says that it cannot run here and why, so that the verdict is not read as a bug in it."""
     text = f"{type(e).__name__}: {e}"
     chain, x = [], e
     while x is not None and len(chain) < 8:
-        chain.append(str(x))
+        chain.append(f"{type(x).__name__}: {x}")
         x = x.__cause__ or x.__context__
     for said in chain:
         gone = re.search(r"module '(triton(?:\.language)?)' has no attribute '(\w+)'", said)
@@ -115,6 +131,13 @@ def describe_error(e):
         if what:
             import triton
             return f"the kernel needs {what}, which the installed Triton {triton.__version__} removed: rewrite that part without it"
+    if device == "cpu":
+        for said in chain:
+            for pattern, needs in NEEDS_GPU:
+                if re.search(pattern, said):
+                    first = said.strip().splitlines()[0] if said.strip() else said
+                    return (f"cannot run on CPU: the kernel needs {needs} ({first[:160]}); "
+                            "measure it on a GPU with --device cuda")
     return text
 
 
@@ -143,9 +166,40 @@ class CpuTimer:
         outs, ms = [], []
         for data in inputs:
             t0 = time.process_time()
-            outs.append(fn(data))
+            out = fn(data)
             ms.append((time.process_time() - t0) * 1e3)
+            outs.append(snapshot(out))
         return outs, ms
+
+
+def snapshot(out):
+    """A call's output as it is when the call returns: each plain tensor copied. A kernel may hand
+    back the same buffer from every call (a cache of scratch space, as GPU MODE submissions keep;
+    GPU MODE checks each output before the next call): without the copy, the next call would
+    overwrite the outputs this worker holds for the handover. Other objects are left as they are,
+    for the output checks to refuse. On CPU only, in both roles (the copy is inside both windows):
+    on a GPU a copy per call would cost the candidate and the reference unequally."""
+    import torch
+    if type(out) is torch.Tensor:
+        return out.clone() if out.is_contiguous() else out
+    if isinstance(out, (tuple, list)) and all(type(t) is torch.Tensor for t in out):
+        return type(out)(snapshot(t) for t in out)
+    return out
+
+
+def shared_outputs(outs):
+    """(i, j) for two calls of a block whose outputs share memory (a buffer handed back by every
+    call), or None."""
+    seen = {}
+    for j, out in enumerate(outs):
+        for t in tensors_of(out):
+            if t.numel() == 0:
+                continue
+            key = (t.device.type, t.untyped_storage().data_ptr())
+            if seen.get(key, j) != j:
+                return seen[key], j
+            seen.setdefault(key, j)
+    return None
 
 
 class CudaTimer:
@@ -192,6 +246,19 @@ def enforce_cuda_grid_limits():
     interpreter.InterpreterBuilder.set_grid_dim = set_grid_dim
 
 
+def autotune_without_a_gpu():
+    """`@triton.autotune` under the interpreter: Triton times each config with the GPU driver's
+    benchmarker, and on CPU there is none ("0 active drivers"). Here every config scores the same
+    without being run, so the autotuner takes the first one listed: a config its author offered,
+    checked like any other, at no cost of interpreted trial runs. Timing configs under the
+    interpreter would say nothing about which one a GPU prefers."""
+    from triton.runtime import autotuner
+
+    def same_for_all(kernel_call, quantiles=None):
+        return [0.0, 0.0, 0.0] if quantiles else 0.0
+    autotuner.Autotuner.do_bench = property(lambda self: same_for_all)
+
+
 def copy_bandwidth():
     """Bytes/s of a device-to-device copy (read + write), best of five: the measured bandwidth
     the parent's physical bound uses."""
@@ -231,6 +298,7 @@ class Worker:
         if device == "cpu":
             torch.set_num_threads(1)  # steadier times on a shared machine
             enforce_cuda_grid_limits()
+            autotune_without_a_gpu()
         # No mode differs between a checked call and a timed one (a kernel could tell them apart),
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
@@ -267,7 +335,7 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
-            return {"op": "error", "error": "compile_error", "message": describe_error(e)}
+            return {"op": "error", "error": "compile_error", "message": describe_error(e, self.device)}
         if fn is None:
             return {"op": "error", "error": "compile_error", "message": "the candidate does not define custom_kernel(data)"}
         if not callable(fn):
@@ -336,7 +404,7 @@ class Worker:
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
-            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e)}"}, None
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e, self.device)}"}, None
 
     def run_block(self, cmd):
         """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
@@ -350,6 +418,12 @@ class Worker:
         outs, ms = self._run(case, inputs)
         if ms is None:
             return outs  # the kernel's error
+        shared = shared_outputs(outs)
+        if shared:  # each earlier output now holds a later call's answer: name it, not "incorrect"
+            return {"op": "error", "error": "runtime_error", "message": (
+                f"{case_str(case)}: calls {shared[0]} and {shared[1]} returned the same memory (an output buffer "
+                "reused across calls); on a GPU the harness holds every output of a block of calls until it is "
+                "checked: return a new tensor from each call")}
         self.block = (cmd["id"], case, given, outs)
         if self.role != "reference":
             return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
