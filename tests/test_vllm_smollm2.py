@@ -77,6 +77,21 @@ def test_logits_readout_through_the_chat_template_matches_the_local_model(served
         assert s.raw_sum == pytest.approx(h.raw_sum, rel=0.05)
 
 
+def test_a_tasks_second_forecast_finds_its_prefix_cached(served):
+    """The server's prefix cache at work: a task's second forecast shares all but the candidate's
+    tail with its first, and the server computes only that tail (counted by its own metric)."""
+    import forecaster as F
+    from test_forecast_prompt import A100, CAND, REF
+    from test_vllm_gpt_oss import _metric
+    backend, _, url, _, _ = served
+    fc = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100)
+    fc.forecast_many("trimul", REF, [CAND + "# a\n"])
+    hits = _metric(url, "vllm:prefix_cache_hits_total")
+    f = fc.forecast_many("trimul", REF, [CAND + "# b\n"])[0]
+    gained = _metric(url, "vllm:prefix_cache_hits_total") - hits
+    assert gained >= 0.8 * f.tokens_in - 200, (gained, f.tokens_in)  # all but the tail (and a block) cached
+
+
 def test_served_adapters_are_checked_to_change_the_log_probs(served):
     from forecaster_backends import OpenAIServerBackend, ServerError
     _, _, url, _, adapters = served
