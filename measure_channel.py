@@ -458,10 +458,29 @@ def exchange():
     with _ALL_LOCK:
         if _EXCHANGE is None:
             place = os.environ.get("GPU_FORECASTERS_EXCHANGE") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-            _EXCHANGE = tempfile.mkdtemp(prefix="gpu-forecasters-measure-", dir=place)
+            _remove_stale_exchanges(place or tempfile.gettempdir())
+            _EXCHANGE = tempfile.mkdtemp(prefix=f"{EXCHANGE_PREFIX}{os.getpid()}-", dir=place)
             os.chmod(_EXCHANGE, 0o711)  # the sandbox's user passes through to its own folders
             atexit.register(_shutdown)
     return _EXCHANGE
+
+
+EXCHANGE_PREFIX = "gpu-forecasters-measure-"
+
+
+def _remove_stale_exchanges(place):
+    """A process killed outside Python (SIGKILL, os._exit) leaves its exchange folder behind, in
+    memory under /dev/shm; each new one removes those whose process (named in the folder) is gone."""
+    for path in glob.glob(os.path.join(place, f"{EXCHANGE_PREFIX}*-*")):
+        pid = os.path.basename(path)[len(EXCHANGE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # alive (another user's process: not ours to remove)
 
 
 def _private_dir(prefix, owner_is_sandbox):

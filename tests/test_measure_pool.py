@@ -246,3 +246,20 @@ def test_a_ray_pool_on_cpu_keeps_as_many_in_flight_as_workers_asks(cluster, tmp_
     assert len({r["worker"] for r in results}) == 3
     with pytest.raises(ValueError, match="at least 1"):
         measure_pool.RayPool("local", measure_fn=meet, workers=0)
+
+
+def test_a_killed_processs_exchange_folder_is_removed_by_the_next(tmp_path):
+    """A measuring process killed with SIGKILL leaves its exchange folder (inputs, handovers: in
+    memory under /dev/shm); the next process to make one removes it, and never a live process's."""
+    import subprocess
+
+    import measure_channel
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{measure_channel.EXCHANGE_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{measure_channel.EXCHANGE_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "gpu-forecasters-measure-07y_5fcl"  # not one of ours by name: left alone
+    for folder in (stale, live, other):
+        (folder / "inputs").mkdir(parents=True)
+    measure_channel._remove_stale_exchanges(str(tmp_path))
+    assert not stale.exists() and live.exists() and other.exists()
