@@ -610,7 +610,9 @@ def main(argv=None):
             write_compare(out, results, args.task)
             print(f"wrote {out / 'compare.png'} and {out / 'compare.json'}")
         else:
-            out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{args.gate}-{args.seed}")
+            # a cost-model search gets a folder of its own: the same command with the LLM's is another run
+            arm = args.gate + ("-costmodel" if args.forecaster == "costmodel" else "")
+            out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{arm}-{args.seed}")
             summary = run_one(args, args.gate, out, env)
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
