@@ -129,7 +129,7 @@ class Measurement:
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
     time_s: float | None = None       # the timed windows, both sides, verification included
     verify_s: float | None = None     # of check_s + time_s: handing outputs over and checking them in full
-    reference_peak_gb: float | None = None  # the trusted worker's peak memory (GPU memory on a GPU)
+    reference_peak_gb: float | None = None  # the trusted worker's peak memory (on a GPU: reserved, less the 256 MB L2 flush buffer)
     candidate_peak_gb: float | None = None  # the candidate sandbox's peak host memory (its cgroup)
     wall_s: float | None = None
     sandbox: str = ""

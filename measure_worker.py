@@ -581,7 +581,9 @@ def peak_memory_bytes(device):
     worker of about the same size)."""
     if device == "cuda":
         import torch
-        return torch.cuda.max_memory_reserved()
+        # Less the harness's own L2 flush buffer (CudaTimer), held from start to end; the copy
+        # bandwidth probe's 2 GiB are out too (main resets the peak after it).
+        return max(0, torch.cuda.max_memory_reserved() - FLUSH_BYTES)
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

@@ -72,3 +72,15 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
     assert candidate.fn is None
     with pytest.raises(ValueError, match="baseline"):
         measure.measure("cross_entropy", "def custom_kernel(data):\n    return data\n", device="cpu", baseline="jit")
+
+
+def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkeypatch):
+    """What a plan of the GPU's memory reads (Measurement.reference_peak_gb) is the reference's own
+    need: the allocator's peak less the timer's L2 flush buffer, held by every worker alike."""
+    import torch
+
+    import measure_worker
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 5 * 2**30)
+    assert measure_worker.peak_memory_bytes("cuda") == 5 * 2**30 - measure_worker.FLUSH_BYTES
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
+    assert measure_worker.peak_memory_bytes("cuda") == 0
