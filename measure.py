@@ -684,11 +684,15 @@ def case_times(windows, k, hidden_ms, where):
                 harness_ms=share / k, reps=m * k, windows=m, window_calls=k, hidden_ms=round(hidden_ms, 3), flags=flags)
 
 
+def peak_bandwidth(device_name):
+    """PEAK_BANDWIDTH's figure for this GPU (its list is most specific name first), or None."""
+    return next((bw for key, bw in PEAK_BANDWIDTH if key in device_name), None)
+
+
 def physical_floor_ms(min_bytes, device_name, measured_bandwidth):
     """The least time in which a GPU can move `min_bytes`: at the larger of its datasheet peak
     (when known) and the copy bandwidth measured on it. None when neither is known."""
-    peak = next((bw for key, bw in PEAK_BANDWIDTH if key in device_name), 0.0)
-    bandwidth = max(peak, measured_bandwidth or 0.0)
+    bandwidth = max(peak_bandwidth(device_name) or 0.0, measured_bandwidth or 0.0)
     return min_bytes / bandwidth * 1e3 if bandwidth > 0 else None
 
 

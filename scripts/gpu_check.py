@@ -74,11 +74,6 @@ def estimate_gib(task):
     return search_setup.worker_gpu_bytes(task) / 2**30
 
 
-def peak_bandwidth(name):
-    """measure.PEAK_BANDWIDTH's figure for this GPU: its list is most specific name first."""
-    return next((bw for key, bw in measure.PEAK_BANDWIDTH if key in name), None)
-
-
 # ---- the suite's GPU tests and the timer's own cost ----------------------------------------------
 
 def gpu_tests(emit, timeout_s=360, unsafe=False, files=()):
@@ -394,7 +389,7 @@ def cross_entropy_section(emit, args):
     task = get_task("cross_entropy")
     kernels = [seed_path("cross_entropy")] + [p for p in variant_paths("cross_entropy")
                                                if not args.quick or p.stem == QUICK_VARIANT]
-    peak = peak_bandwidth(torch.cuda.get_device_name(0))
+    peak = measure.peak_bandwidth(torch.cuda.get_device_name(0))
     emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
     emit("")
     emit("| kernel | status | geomean speedup | reference worker peak GiB (search's estimate) | wall s (full "
