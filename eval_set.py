@@ -44,9 +44,9 @@ import sys
 from pathlib import Path
 
 from bins import speedup_to_bin
-from pair_sampler import (check_kernel, effective_speedup, eval_row, format_report,
+from data.pair_sampler import (check_kernel, effective_speedup, eval_row, format_report,
                           read_kernels, sample_pairs, unique_kernels)
-from records import RecordError, read_jsonl, write_atomic
+from data.records import RecordError, read_jsonl, write_atomic
 
 def family_of(task):
     """The benchmark family a discovery pair names: gpu_mode for the six GPU MODE problems,

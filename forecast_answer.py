@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-import harmony
+from models import harmony
 import bins
 from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME
 

@@ -50,14 +50,14 @@ from pathlib import Path
 
 import bins
 import selective
-from dataset import load_rows, prediction_row, written_predictions
+from data.dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import (HARDWARE_PROFILES, PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware,
                              shared_messages)
-from costmodel import CostModel, CostModelForecaster
-from forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
-from lm import DEFAULT_MODEL, REASONING_EFFORTS
-from records import cache_dir, write_atomic
+from models.costmodel import CostModel, CostModelForecaster
+from models.forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
+from models.lm import DEFAULT_MODEL, REASONING_EFFORTS
+from data.records import cache_dir, write_atomic
 
 DEFAULT_CACHE_DIR = cache_dir("forecasts")
 

@@ -65,10 +65,10 @@ import sys
 import time
 from pathlib import Path
 
-from measure_channel import WorkerFailed, new_token, pin, printable, workers
-from measure_sandbox import require_sandbox
-from measure_worker import case_str
-from records import cache_dir, write_atomic
+from harness.measure_channel import WorkerFailed, new_token, pin, printable, workers
+from harness.measure_sandbox import require_sandbox
+from harness.measure_worker import case_str
+from data.records import cache_dir, write_atomic
 
 HARNESS_VERSION = "3.1"  # 3.1: outputs judged as GPU MODE judges them (cast, kinds of non-finite); GPU MODE shapes
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")

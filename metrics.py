@@ -50,9 +50,9 @@ import numpy as np
 
 from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
-from dataset import load_predictions
+from data.dataset import load_predictions
 from paper_protocol import selective_scores
-from records import RecordError
+from data.records import RecordError
 from selective import aurc, ece, row_confidence, selective_risk
 
 PROTOCOLS = ("ours", "paper")
@@ -431,7 +431,7 @@ def main(argv=None):
     make = paper_report if args.protocol == "paper" else report
     reports = {name: make(rs, discovery_tau=args.discovery) for name, rs in sorted(groups.items())}
     if args.plots:
-        import plots  # matplotlib only when plots are asked for
+        from data import plots  # matplotlib only when plots are asked for
         try:
             plots.write_plots(groups, reports, args.plots)
         except OSError as e:

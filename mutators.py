@@ -26,7 +26,7 @@ import random
 import re
 
 from bins import bin_interval
-from measure_channel import printable
+from harness.measure_channel import printable
 
 MUTATION_RULES = """You are an expert GPU kernel engineer. Rewrite the kernel below to make it faster.
 Rules:

@@ -77,17 +77,17 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import bins
-import cli
+from runtime import cli
 import metrics
-import plots
-from cli import flag
-from dataset import training_row
+from data import plots
+from runtime.cli import flag
+from data.dataset import training_row
 from forecast_prompt import PROTOCOLS
-from forecaster_backends import EMBEDDED_DTYPES, ServerError
-from lm import DEFAULT_MODEL
+from models.forecaster_backends import EMBEDDED_DTYPES, ServerError
+from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
 from puct import Archive
-from records import EventLog, RecordError, write_atomic
+from data.records import EventLog, RecordError, write_atomic
 from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
 import tasks

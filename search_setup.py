@@ -25,10 +25,10 @@ are all answered from its event log builds none.
 import functools
 from dataclasses import dataclass
 
-from costmodel import CostModelForecaster
+from models.costmodel import CostModelForecaster
 from forecast_prompt import hardware_info
 from forecaster import Forecaster
-from lm import DEFAULT_MODEL, ModelNotFound
+from models.lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 
 CPU_BUDGET, PAPER_BUDGET = 8, 320
@@ -78,7 +78,8 @@ def setup(args, say=print):
     """Pick the scale, the mutator and the forecaster for this machine, and say what was chosen."""
     import torch
 
-    import measure_pool
+    import measure
+    from runtime import measure_pool
     import tasks
     paper = args.protocol == "paper"
     retries = int(paper) if args.parse_retries is None else args.parse_retries
@@ -91,7 +92,7 @@ def setup(args, say=print):
         if args.workers is not None and args.workers < 1:
             raise SetupError(f"--workers must be at least 1, got {args.workers}")
         try:
-            ray_pool = measure_pool.RayPool(args.ray, workers=args.workers)  # on CPU: measurements in flight
+            ray_pool = measure_pool.RayPool(args.ray, measure.measure, workers=args.workers)  # on CPU: measurements in flight
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise SetupError(f"--ray {args.ray}: cannot reach the cluster ({str(e).splitlines()[0][:200]}); start one "
                              "with `ray start --head`, or pass --ray local") from None
@@ -112,7 +113,7 @@ def setup(args, say=print):
         "the paper's benchmark shapes are timed with CUDA events)"))
 
     # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
-    import forecaster_backends as b
+    from models import forecaster_backends as b
 
     def local_model(name):  # a named model must be here: fail at start-up, not at the first use
         try:
@@ -218,7 +219,7 @@ def setup(args, say=print):
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "
             f"GPU); the paper's search is --budget {PAPER_BUDGET} --steps 40")
-    import measure_sandbox
+    from harness import measure_sandbox
     if args.unsafe_no_sandbox:
         say("measurement sandbox: none (--unsafe-no-sandbox): candidate code runs unconfined, as you")
     else:
@@ -238,7 +239,7 @@ def setup(args, say=print):
     if args.ray:
         pool = ray_pool
     else:
-        pool = measure_pool.MeasurePool(devices)
+        pool = measure_pool.MeasurePool(devices, measure.measure)
         say(f"measurement workers: {', '.join(pool.names)}" + (f" ({pool.note})" if pool.note else
             " (one candidate at a time on each GPU)" if has_gpu else " (--workers N for more)"))
     # A local LLM generating on a GPU while a candidate is timed there disturbs the timing: where
@@ -288,7 +289,7 @@ def worker_gpu_bytes(task):
 
 def weights_bytes(name_or_path):
     """The bytes of a model's weight files on disk (a local folder or the Hugging Face cache)."""
-    from lm import weights_folder
+    from models.lm import weights_folder
     folder = weights_folder(name_or_path)
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
 
@@ -299,7 +300,7 @@ def llm_weights_bytes(name_or_path, adapter):
     files' size, three times it with an adapter, where the model's config cannot be read."""
     from transformers import AutoConfig
 
-    from lm import weights_folder, weights_on_load
+    from models.lm import weights_folder, weights_on_load
     folder = weights_folder(name_or_path)
     if folder is not None and (folder / "config.json").exists():
         return weights_on_load(AutoConfig.from_pretrained(folder), dequantize=adapter)[0]

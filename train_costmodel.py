@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel import MIN_ROWS, CostModel, CostModelError, check_out, labelled
-from costmodel_features import FEATURE_VERSION
-from dataset import load_rows
+from models.costmodel import MIN_ROWS, CostModel, CostModelError, check_out, labelled
+from models.costmodel_features import FEATURE_VERSION
+from data.dataset import load_rows
 from forecast_prompt import HARDWARE_PROFILES, hardware_info, row_hardware
-from records import RecordError
+from data.records import RecordError
 
 
 def build_parser():

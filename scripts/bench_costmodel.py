@@ -106,7 +106,7 @@ def run_row_searches(tasks, budget, out, env):
 
 def pooled_rows(paths):
     """One row per distinct candidate code (the seed once), in the order first seen."""
-    from dataset import load_rows
+    from data.dataset import load_rows
     rows, seen = [], set()
     for path in paths:
         for r in load_rows(path):
@@ -122,7 +122,7 @@ def costmodel_cv(rows, folds, seed=0):
     (forecasts, train seconds per training row, forecast seconds per row)."""
     import numpy as np
 
-    from costmodel import CostModel, CostModelForecaster, fold_of, labelled
+    from models.costmodel import CostModel, CostModelForecaster, fold_of, labelled
     from forecast_prompt import hardware_info, row_hardware
     cpu = hardware_info("cpu")
     X, y, groups, true_bins = labelled(rows, cpu)
@@ -149,9 +149,9 @@ def llm_forecasts(rows, dtype):
     """The embedded SmolLM2's forecasts of every row (the shared cache reuses the searches' ones)."""
     from forecast_prompt import hardware_info, row_hardware
     from forecaster import Forecaster
-    from forecaster_backends import embedded_backend
+    from models.forecaster_backends import embedded_backend
     cpu = hardware_info("cpu")
-    from records import cache_dir
+    from data.records import cache_dir
     fc = Forecaster(embedded_backend(dtype=dtype), hardware=cpu, cache_dir=cache_dir("forecasts"))  # the bench's cache
     out = []
     for i, r in enumerate(rows):
@@ -163,7 +163,7 @@ def llm_forecasts(rows, dtype):
 def scores_of(rows, forecasts, path):
     """metrics.scores of the forecasts, through prediction rows written to `path` (metrics.py reads them too)."""
     import metrics
-    from dataset import load_predictions, prediction_row
+    from data.dataset import load_predictions, prediction_row
     with open(path, "w") as f:
         for r, fc in zip(rows, forecasts):
             f.write(json.dumps(prediction_row(r, fc, 0)) + "\n")

@@ -45,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.path)
-from forecaster_backends import EMBEDDED_DTYPES, embedded_dtype  # noqa: E402
-from records import read_jsonl  # noqa: E402
+from models.forecaster_backends import EMBEDDED_DTYPES, embedded_dtype  # noqa: E402
+from data.records import read_jsonl  # noqa: E402
 
 TASK = "cross_entropy"
 HARDWARE = "NVIDIA A100-SXM4-80GB"  # the rows' hardware (see the docstring)
@@ -205,7 +205,7 @@ def main(argv=None):
         folder = Path(tmp)
         # the embedded model's converted copy is made once, before anything is timed (a first use
         # ever pays ~1 min for it; the forecast and measurement caches are off in every run)
-        import forecaster_backends
+        from models import forecaster_backends
         backend = forecaster_backends.embedded_backend()
         codes = candidates()
         floor, lengths, shared = flop_floor(backend, codes)

@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-import cli  # noqa: E402
+from runtime import cli  # noqa: E402
 import train_grpo  # noqa: E402
 
 

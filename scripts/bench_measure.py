@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import measure  # noqa: E402
-from measure_pool import MeasurePool, pool_devices  # noqa: E402
+from runtime.measure_pool import MeasurePool, pool_devices  # noqa: E402
 from tasks import TASK_NAMES, seed_path, variant_paths  # noqa: E402
 
 

@@ -103,7 +103,7 @@ def timer_overhead(emit):
 
     import triton.testing
 
-    from measure_worker import CudaTimer
+    from harness.measure_worker import CudaTimer
     timer = CudaTimer()
     x = torch.zeros(1, device="cuda")
     emit("### the timer's fixed cost (200 calls, L2 flush before each, as in measure.py)")
@@ -147,7 +147,7 @@ def config_model(layers, width="20b", device="cuda"):
             model = GptOssForCausalLM(cfg)
     finally:
         torch.set_default_dtype(default)
-    import lm
+    from models import lm
     return lm.use_attention(model.eval())
 
 
@@ -184,7 +184,7 @@ def forecast_costs(emit, model, codes, reference, measurement_s, device="cuda", 
     shared prefix's KV cache; returns the rows of the table."""
     import forecaster as F
     from forecast_prompt import hardware_info
-    from forecaster_backends import TransformersBackend
+    from models.forecaster_backends import TransformersBackend
     backend = TransformersBackend(model=model, tokenizer=None, name="config GPT-OSS", batch_size=batch_size)
     hardware = hardware_info() if device == "cuda" else hardware_info("h200")
     F.Forecaster(backend, readout="logits", cache_dir=None, hardware=hardware).forecast_many(
@@ -229,7 +229,7 @@ def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
     """Median GRPO step time (after the first) without and with prompt sharing; a fresh model each."""
     import statistics
 
-    import cli
+    from runtime import cli
     import train_grpo
     runs = (("no sharing", ["--no-prefix-cache"]), ("shared prompt (checkpointing on)", []),
             ("shared prompt, no checkpointing", ["--no-gradient-checkpointing"]))
@@ -269,9 +269,9 @@ def engine_sections(emit, layers=24, prompt_tokens=4600, new_tokens=256):
     MXFP4 experts (with the `kernels` package) change the weights' memory and the expert matmuls;
     the rest is this shape's."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import lm
-    import lm_memory
-    import prefix_attention
+    from models import lm
+    from models import lm_memory
+    from models import prefix_attention
     import tiny_models
     from transformers import AutoConfig
     try:
@@ -495,7 +495,7 @@ def sections(args):
 def sandbox_choice(args):
     """Whether the kernels measured here run in measure.py's sandbox, and the line that says so.
     Where bubblewrap cannot run they run without it: they are the project's own."""
-    import measure_sandbox
+    from harness import measure_sandbox
     if args.unsafe_no_sandbox:
         return True, "sandbox: none (--unsafe-no-sandbox given)"
     try:
@@ -569,7 +569,7 @@ def main():
     parser.add_argument("--section", help=argparse.SUPPRESS)  # a child: run this one section
     args = parser.parse_args()
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    import cli
+    from runtime import cli
     cli.check_cuda()  # a driver torch cannot use: say so, not "no GPU"
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible; this script checks the GPU path (run it on a GPU machine)", file=sys.stderr)

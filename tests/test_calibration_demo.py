@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import bins
-import dataset
+from data import dataset
 import selective
 from forecast_answer import DIGITS, Forecast
 from train_grpo import parse_votes, reward

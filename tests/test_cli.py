@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-import cli
+from runtime import cli
 
 DRIVER_LINE = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
 

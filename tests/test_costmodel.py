@@ -18,9 +18,9 @@ import forecaster
 import metrics
 import search
 import train_costmodel
-from costmodel import CostModel, CostModelError, CostModelForecaster, labelled
-from costmodel_features import CODE_KEYS, EDIT_KEYS, code_features, edit_features, feature_names, pair_features
-from dataset import load_predictions, load_rows
+from models.costmodel import CostModel, CostModelError, CostModelForecaster, labelled
+from models.costmodel_features import CODE_KEYS, EDIT_KEYS, code_features, edit_features, feature_names, pair_features
+from data.dataset import load_predictions, load_rows
 from tasks import seed_source
 from test_search import FakeMeasurement
 
@@ -253,7 +253,7 @@ def _scripted_measure(task, src, **kw):
 
 
 def test_search_with_the_cost_model_refits_online_and_resumes_without_refitting(tmp_path, capsys, monkeypatch):
-    import costmodel
+    from models import costmodel
     monkeypatch.setattr("measure.measure", _scripted_measure)
     out = tmp_path / "cm"
     argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "3", "--budget", "16",

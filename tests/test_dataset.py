@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 import metrics
-from dataset import load_predictions, load_rows
+from data.dataset import load_predictions, load_rows
 from metrics import forecaster_name
-from records import RecordError
+from data.records import RecordError
 from test_bins import onehot
 
 FIX = Path(__file__).resolve().parent / "fixtures"

@@ -11,10 +11,10 @@ import random
 import pytest
 
 import eval_set
-import pair_sampler
+from data import pair_sampler
 from bins import speedup_to_bin
-from dataset import load_rows
-from measure_pool import MeasurePool
+from data.dataset import load_rows
+from runtime.measure_pool import MeasurePool
 from search import Args, Search
 from test_pair_sampler import kernel
 

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "FIDELITY.md"
-SETTING = re.compile(r"`(\w+)\.py((?:\s+[^`\s]+)*)`")
+SETTING = re.compile(r"`((?:\w+/)?\w+)\.py((?:\s+[^`\s]+)*)`")  # data/pair_sampler.py: module data.pair_sampler
 
 
 def table_rows():
@@ -40,7 +40,7 @@ def settings():
         found = SETTING.findall(cell)
         assert found or cell.lower().startswith("none"), \
             f"FIDELITY.md row {label!r}: name a `command.py --flag` setting or say none (and why)"
-        out += [(label, module, flags.split()) for module, flags in found]
+        out += [(label, module.replace("/", "."), flags.split()) for module, flags in found]
     return out
 
 

@@ -11,7 +11,7 @@ from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 from forecast_answer import parse_answer
 from forecast_prompt import (DEFER_TOOL, DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME, answer_tools,
                              build_messages, forecast_tool, hardware_info, shared_messages)
-from forecaster_backends import Completion, OpenAIServerBackend
+from models.forecaster_backends import Completion, OpenAIServerBackend
 
 A100 = hardware_info("a100-80gb")
 REF = "import torch\n\ndef custom_kernel(data):\n    return reference(*data)\n"
@@ -182,7 +182,7 @@ def test_server_paper_protocol_and_abstain_round_trip():
 
 def test_harmony_renders_both_tools_and_reads_a_deferral(o200k):
     from openai_harmony import Message, RenderOptions, Role
-    import harmony
+    from models import harmony
     enc = harmony.encoding()
     messages = build_messages("cross_entropy", REF, CAND, A100, protocol="paper", abstain=True)
     prompt = enc.decode(harmony.render(messages, answer_tools("paper", abstain=True), "medium"))
@@ -217,7 +217,7 @@ def test_cli_paper_protocol_with_abstain_writes_deferrals_that_metrics_counts(tm
     rep = json.loads(capsys.readouterr().out)
     assert rep["deferral_rate"] == pytest.approx(1 / len(preds)) and rep["parse_rate"] == 1.0
     # the deferred row is never trusted: at most n - 1 of n rows are covered at any threshold
-    from dataset import load_predictions
+    from data.dataset import load_predictions
     from selective import risk_coverage, row_confidence
     rows = load_predictions(out)
     _, coverage, _ = risk_coverage([row_confidence(r) for r in rows], [False] * len(rows))

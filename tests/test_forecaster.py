@@ -10,11 +10,11 @@ import pytest
 import forecaster
 import forecaster as F
 import metrics
-from dataset import load_rows
+from data.dataset import load_rows
 from forecast_answer import Forecast, failure
 from forecast_prompt import build_messages, shared_messages
-from forecaster_backends import Completion
-from records import RecordError
+from models.forecaster_backends import Completion
+from data.records import RecordError
 from tasks import TASK_NAMES
 from test_forecast_answer import args, call
 from test_forecast_prompt import A100, CAND, REF

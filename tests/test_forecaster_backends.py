@@ -11,7 +11,7 @@ from fake_openai_server import (MODELS, FakeOpenAIServer, default_reply, error, 
                                 token_logprobs)
 from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
 from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
-from forecaster_backends import (OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend,
+from models.forecaster_backends import (OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend,
                                  embedded_dtype)
 from test_forecast_answer import TOOL, args
 from test_forecast_prompt import A100, CAND, REF
@@ -130,7 +130,7 @@ def test_server_final_content_answer_is_parsed():
     with FakeOpenAIServer(replies=[final_text("```json\n" + json.dumps(args(stated=4)) + "\n```", reasoning="hm")]) as server:
         c = server_backend(server.url).generate([[{"role": "user", "content": "x"}]], max_new_tokens=9,
                                                 temperature=1.0, seed=0)[0]
-    import harmony
+    from models import harmony
     assert [m.channel for m in harmony.messages(c.text)] == ["analysis", "final"]
     f = parse_completion(c)
     assert not f.parse_failed and f.stated_bin == 4 and reasoning_of(c) == "hm"
@@ -197,7 +197,7 @@ def test_server_logits_readout_for_gpt_oss_sends_our_harmony_ids(o200k):
     endpoint, which returns the 8 digits' log-probs by id (vLLM's logprob_token_ids)."""
     import math
 
-    import harmony
+    from models import harmony
     digits = [harmony.encoding().encode(d)[0] for d in DIGITS]
     probs = dict(zip(digits, [0.05, 0.05, 0.1, 0.2, 0.3, 0.1, 0.05, 0.05]))
     reply = token_logprobs({i: math.log(p) for i, p in probs.items()}, sampled=12)
@@ -368,7 +368,7 @@ def test_embedded_dtype_is_bf16_only_on_cpus_that_compute_bf16_natively(monkeypa
 def test_embedded_backend_loads_the_model_in_the_dtype_asked_for(monkeypatch, capsys):
     import torch
 
-    import lm
+    from models import lm
     from tiny_models import tiny_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -75,7 +75,7 @@ def test_a_section_cut_at_its_limit_is_recorded_with_what_it_printed():
 
 
 def test_without_bubblewrap_it_says_so_and_measures_its_own_kernels_unsandboxed(monkeypatch):
-    import measure_sandbox
+    from harness import measure_sandbox
     g = _gpu_check()
 
     def missing():

@@ -98,7 +98,7 @@ def test_non_finite_values_match_kind_for_kind():
 
 
 def test_cpu_only_shapes_are_labelled_in_verdicts_and_gpu_cases_are_the_originals():
-    from measure_worker import case_str
+    from harness.measure_worker import case_str
     from tasks import TASK_NAMES, get_task
     for name in TASK_NAMES:
         t = get_task(name)
@@ -179,7 +179,7 @@ def custom_kernel(data):
 def test_cpu_verdicts_name_a_missing_gpu_and_gpu_verdicts_keep_the_error():
     import torch
 
-    from measure_worker import describe_error
+    from harness.measure_worker import describe_error
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: torch.cuda does not fail here")
     try:
@@ -201,7 +201,7 @@ def test_cpu_verdicts_name_a_missing_gpu_and_gpu_verdicts_keep_the_error():
 def test_outputs_sharing_memory_across_calls_are_found():
     import torch
 
-    from measure_worker import shared_outputs, snapshot
+    from harness.measure_worker import shared_outputs, snapshot
     buf = torch.zeros(4)
     assert shared_outputs([buf, torch.zeros(4), buf]) == (0, 2)
     assert shared_outputs([(torch.zeros(2), buf[:2]), (buf[2:],)]) == (0, 1)  # views of one buffer

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-import grpo_sampling
-import lm
+from runtime import grpo_sampling
+from models import lm
 from fake_openai_server import FakeOpenAIServer
-from forecaster_backends import OpenAIServerBackend
+from models.forecaster_backends import OpenAIServerBackend
 from test_lm import adapted_policy_and_long_prompt
 from test_train_grpo import tiny_policy
 

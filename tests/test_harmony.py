@@ -18,7 +18,7 @@ def test_o200k_vocabulary_is_the_official_file(o200k):
 
 def test_harmony_render_and_parse_round_trip(o200k):
     from openai_harmony import Message, RenderOptions, Role
-    import harmony
+    from models import harmony
     enc = harmony.encoding()
     messages = build_messages("cross_entropy", REF, CAND, A100)
     prompt = enc.decode(harmony.render(messages, [FORECAST_TOOL], "high"))

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lm  # noqa: E402
-import lm_memory  # noqa: E402
-import prefix_attention  # noqa: E402
+from models import lm  # noqa: E402
+from models import lm_memory  # noqa: E402
+from models import prefix_attention  # noqa: E402
 import tiny_models  # noqa: E402
 from test_lm_memory import GIB, gpt_oss_20b_config  # noqa: E402
 from test_train_grpo import tiny_policy  # noqa: E402

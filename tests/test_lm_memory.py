@@ -1,7 +1,7 @@
 """Tests of lm_memory.py: how many rows a GPU holds, with GPT-OSS-20B's real config."""
 import pytest
 
-import lm_memory
+from models import lm_memory
 
 GIB = 2 ** 30
 
@@ -53,7 +53,7 @@ def test_weights_as_they_load_mxfp4_only_where_transformers_runs_it(monkeypatch)
     MXFP4 experts, 41.8 GB in bf16 (issue 22: the memory plan counted the checkpoint's 13.8 GB
     where the pinned stack loads bf16). MXFP4 is planned only for inference without an adapter
     and where lm.mxfp4_problem finds transformers' requirements met."""
-    import lm
+    from models import lm
     cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
     total, experts = lm_memory.parameter_counts(cfg)
     assert round(total / 1e9, 2) == 20.91 and round(experts / 1e9, 2) == 19.11
@@ -73,7 +73,7 @@ def test_mxfp4_problem_names_what_transformers_needs(monkeypatch):
     one, the `kernels` package in the version window transformers names."""
     import torch
     from transformers.utils import import_utils
-    import lm
+    from models import lm
     assert lm.mxfp4_problem() == "no CUDA GPU" or torch.cuda.is_available()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
@@ -102,7 +102,7 @@ def test_training_bytes_bounds_a_micro_batch_on_cuda():
     attention, LoRA on attention and experts with gradient checkpointing, one 4,096-token row (1,024
     prompt + 3,072 completion), forward and backward of the completion's log-probs."""
     import torch
-    import lm
+    from models import lm
     from transformers import GptOssForCausalLM
     cfg = gpt_oss_20b_config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     with torch.device("cuda"):

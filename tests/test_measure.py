@@ -254,7 +254,7 @@ def test_unknown_task_and_missing_gpu_are_usage_errors():
 # ---- the sandbox's start-up check, the unsandboxed mode, plausibility ------------------------------
 
 def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
-    import measure_sandbox
+    from harness import measure_sandbox
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
     monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
     with pytest.raises(measure_sandbox.SandboxUnavailable, match="bubblewrap.*not installed.*--unsafe-no-sandbox"):
@@ -263,7 +263,7 @@ def test_without_bubblewrap_measure_refuses_in_one_line(monkeypatch):
 
 @pytest.mark.slow
 def test_unsafe_no_sandbox_measures_where_bubblewrap_cannot_run(monkeypatch):
-    import measure_sandbox
+    from harness import measure_sandbox
 
     def no_bwrap(*args, **kwargs):
         raise FileNotFoundError("bwrap")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import measure
-import measure_channel
-import measure_sandbox
+from harness import measure_channel
+from harness import measure_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ROOT / "tests" / "attacks"

@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-import measure_pool
-import measure_channel
-from measure_pool import MeasurePool, pool_devices
+import measure
+from runtime import measure_pool
+from harness import measure_channel
+from runtime.measure_pool import MeasurePool, pool_devices
 from tasks import seed_source, variant_sources
 
 TASK = "cross_entropy"
@@ -130,7 +131,7 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
 @pytest.mark.slow
 def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
     sources = [seed_source(TASK), variant_sources(TASK)["torch_inplace"]]  # plain PyTorch: seconds each
-    with MeasurePool(["cpu", "cpu"]) as pool:
+    with MeasurePool(["cpu", "cpu"], measure.measure) as pool:
         assert "disturb each other" in pool.note
         results = [f.result(timeout=300) for f in [pool.submit(TASK, s, use_cache=False, quick=True) for s in sources]]
         mine = getattr(measure_channel._THREAD, "workers", None)  # this thread's, from other tests
@@ -147,7 +148,7 @@ def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
 
 @pytest.fixture(scope="module")
 def cluster():
-    pool = measure_pool.RayPool("local", num_cpus=2)
+    pool = measure_pool.RayPool("local", measure.measure, num_cpus=2)
     yield pool
     pool.close()
 
@@ -253,7 +254,7 @@ def test_a_killed_processs_exchange_folder_is_removed_by_the_next(tmp_path):
     memory under /dev/shm); the next process to make one removes it, and never a live process's."""
     import subprocess
 
-    import measure_channel
+    from harness import measure_channel
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale = tmp_path / f"{measure_channel.EXCHANGE_PREFIX}{dead.pid}-abc"

@@ -8,7 +8,7 @@ def test_gpu_fingerprint_is_exact_whatever_the_chunking(monkeypatch):
     import numpy as np
     import torch
 
-    import measure_worker
+    from harness import measure_worker
     raw = torch.randint(0, 256, (100_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     a, b = (1 << 20) - 1, (1 << 40) - 3
     w = ((np.arange(raw.numel(), dtype=np.int64) * a + b) >> 7) & 0xFFFF
@@ -25,7 +25,7 @@ def test_gpu_fingerprint_is_exact_whatever_the_chunking(monkeypatch):
 def test_the_cpu_worker_refuses_grids_a_gpu_refuses(monkeypatch):
     from triton.runtime import interpreter
 
-    import measure_worker
+    from harness import measure_worker
     monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
     measure_worker.enforce_cuda_grid_limits()
     with pytest.raises(ValueError, match="65536 programs on axis 1.*put the largest axis first"):
@@ -43,7 +43,7 @@ def test_cuda_timer_agrees_with_do_bench_and_its_fixed_cost_is_small():
     import torch
     import triton.testing
 
-    from measure_worker import CudaTimer
+    from harness.measure_worker import CudaTimer
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     timer = CudaTimer()
     timer.run(lambda x: x @ x, [a] * 5)  # warm-up: cuBLAS picks its kernel
@@ -61,7 +61,7 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
     import io
 
     import measure
-    import measure_worker
+    from harness import measure_worker
     from triton.runtime import interpreter
     monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
     eager = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO())
@@ -79,7 +79,7 @@ def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkey
     need: the allocator's peak less the timer's L2 flush buffer, held by every worker alike."""
     import torch
 
-    import measure_worker
+    from harness import measure_worker
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 5 * 2**30)
     assert measure_worker.peak_memory_bytes("cuda") == 5 * 2**30 - measure_worker.FLUSH_BYTES
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)

@@ -145,7 +145,7 @@ def test_cli_loads_the_metrics_module_once():
                          cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines()}
-    assert {"bins", "selective", "dataset"} <= imported and "metrics" not in imported
+    assert {"bins", "selective", "data.dataset"} <= imported and "metrics" not in imported
 
 
 def test_cli_our_fixture_json():

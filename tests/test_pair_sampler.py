@@ -6,10 +6,10 @@ from itertools import combinations
 
 import pytest
 
-import pair_sampler
+from data import pair_sampler
 from bins import speedup_to_bin
-from dataset import load_rows
-from pair_sampler import Group, sample_pairs, water_fill
+from data.dataset import load_rows
+from data.pair_sampler import Group, sample_pairs, water_fill
 
 
 def kernel(kid, task, speedup, code=None, seed=False, hardware="gpu", scale="benchmark"):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from forecast_answer import ANSWER_PREFIX, DIGITS
-from forecaster_backends import TransformersBackend
+from models.forecaster_backends import TransformersBackend
 
 
 def test_split_attention_after_a_prefix_is_sdpa():
@@ -13,7 +13,7 @@ def test_split_attention_after_a_prefix_is_sdpa():
     time over a cached prefix gets the full prompts' probabilities."""
     import types
     import torch
-    import prefix_attention
+    from models import prefix_attention
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     torch.manual_seed(0)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
@@ -74,7 +74,7 @@ def test_flex_sinks_keeps_the_log_sum_exp_in_fp32():
     output is the renormalisation of flex's output done exactly, to within bf16's rounding of the
     result; renormalised from a bf16 log-sum-exp, it is not."""
     import types
-    import prefix_attention
+    from models import prefix_attention
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
     torch.manual_seed(0)
     B, H, KV, n, d = 1, 4, 2, 64, 16
@@ -104,7 +104,7 @@ def test_flex_sinks_matches_eager_and_decoding_does_not_recompile():
     eager attention's, and once two generations of different lengths have compiled what the mix
     of shapes needs, a third, whose offsets and lengths differ at every step, compiles nothing new:
     the limit is never reached, so flex never falls back to materialising the scores."""
-    import prefix_attention
+    from models import prefix_attention
     import tiny_models
     torch.manual_seed(0)
     model = tiny_models.tiny_gpt_oss()
@@ -128,7 +128,7 @@ def test_flex_sinks_fails_loudly_at_the_recompile_limit(monkeypatch):
     """Where dynamo would give up compiling flex attention (its silent fall-back materialises the
     scores), it raises instead."""
     import types
-    import prefix_attention
+    from models import prefix_attention
     from torch._dynamo.exc import FailOnRecompileLimitHit
     from torch.nn.attention.flex_attention import create_block_mask
     prefix_attention.use_flex_sinks()

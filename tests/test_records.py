@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from records import EventLog, RecordError, cache_dir, read_jsonl, write_atomic
+from data.records import EventLog, RecordError, cache_dir, read_jsonl, write_atomic
 from test_search import run
 
 

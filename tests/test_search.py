@@ -18,7 +18,7 @@ import pytest
 
 import bins
 import search
-from measure_pool import MeasurePool
+from runtime.measure_pool import MeasurePool
 from mutators import LLMMutator
 from search import Args, Search, SearchError
 from search_setup import Setup
@@ -253,7 +253,7 @@ def test_cli_out_that_is_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_cli_without_a_sandbox_refuses_at_start_up(tmp_path, capsys, monkeypatch):
-    import measure_sandbox
+    from harness import measure_sandbox
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
     monkeypatch.setattr(measure_sandbox.shutil, "which", lambda name: None)
     rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog",
@@ -387,7 +387,7 @@ import sys
 sys.path[:0] = [{tests!r}, {root!r}]
 import conftest
 from test_search import BitMutator, SlowBitMeasure, cfg
-from measure_pool import MeasurePool
+from runtime.measure_pool import MeasurePool
 from search import Search
 
 with MeasurePool(["cpu", "cpu"], measure_fn=SlowBitMeasure()) as pool:
@@ -447,7 +447,7 @@ def test_llm_mutator_inside_the_search_records_failed_mutations(tmp_path):
 
 def _no_model_builds(monkeypatch):
     """Make building any model an error: the embedded forecaster and the LLM backends."""
-    import forecaster_backends
+    from models import forecaster_backends
 
     def refuse(*a, **kw):
         raise AssertionError("a model was built")
@@ -533,7 +533,7 @@ class FakeEmbeddedBackend:
 
 
 def test_the_embedded_forecaster_gets_the_dtype_asked_for(tmp_path, monkeypatch):
-    import forecaster_backends
+    from models import forecaster_backends
     pytest.importorskip("measure")
     monkeypatch.setattr(forecaster_backends, "embedded_backend", FakeEmbeddedBackend)
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
@@ -549,7 +549,7 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
     import os
     from pathlib import Path
 
-    import forecaster_backends
+    from models import forecaster_backends
     pytest.importorskip("measure")
     FakeEmbeddedBackend.builds = 0
     monkeypatch.setattr(forecaster_backends, "embedded_backend", FakeEmbeddedBackend)
@@ -583,7 +583,7 @@ def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypat
     measure = BitMeasure()
     env = Setup(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
                 forecaster_name="scripted", budget=8, gated_mutations=12, measure_kwargs={},
-                pool=MeasurePool(["cpu"]))
+                pool=MeasurePool(["cpu"], measure))
     monkeypatch.setattr(search, "setup", lambda args, say=print: env)
     monkeypatch.setattr("measure.measure", measure)
     monkeypatch.setattr("tasks.seed_source", lambda name: "0" * 16 + "\n")

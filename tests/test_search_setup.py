@@ -4,8 +4,8 @@ import copy
 import pytest
 import torch
 
-import cli
-import lm
+from runtime import cli
+from models import lm
 import search
 import tiny_models
 from search import parse_args
@@ -17,8 +17,8 @@ from test_lm import lora_policy
 def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
     import torch
 
-    import forecaster_backends
-    import measure_sandbox
+    from models import forecaster_backends
+    from harness import measure_sandbox
     import search_setup
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(measure_sandbox, "require_sandbox", lambda: None)
@@ -79,7 +79,7 @@ def test_memory_check_plans_gpt_oss_as_it_will_load(tmp_path, monkeypatch):
     run MXFP4 (the pinned stack: no `kernels` package in the window it wants) it loads 41.8 GB of
     bf16. The check plans what will load: beside cross_entropy's workers on a card with 60 GiB
     free, the MXFP4 model fits and the bf16 one does not."""
-    import lm
+    from models import lm
     import search_setup
     from test_lm_memory import gpt_oss_20b_config
     gib = 2 ** 30

@@ -329,7 +329,7 @@ def test_trimul_variant_grids_fit_cuda_at_every_benchmark_shape_and_tuning(monke
     never computed) and check it against CUDA's limits."""
     from triton.runtime import interpreter
 
-    import measure_worker
+    from harness import measure_worker
 
     class Launched(Exception):
         pass

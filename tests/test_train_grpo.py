@@ -32,12 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_answer import Forecast, failure  # noqa: E402
-from forecaster_backends import TransformersBackend  # noqa: E402
+from models.forecaster_backends import TransformersBackend  # noqa: E402
 import bins  # noqa: E402
-import cli  # noqa: E402
-import dataset  # noqa: E402
-import lm  # noqa: E402
-from dataset import load_predictions  # noqa: E402
+from runtime import cli  # noqa: E402
+from data import dataset  # noqa: E402
+from models import lm  # noqa: E402
+from data.dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
 import train_grpo  # noqa: E402
 
@@ -595,8 +595,8 @@ def test_training_memory_check_beside_a_server_on_one_gpu():
     """Issue 22: `vllm serve` at --gpu-memory-utilization 0.75 holds ~106 GB of an H200's 141 GB,
     and GPT-OSS-20B's bf16 weights alone are 41.8 GB: train_grpo.py --server must stop at start-up
     with one line naming the utilization that leaves the trainer its share, and that share fits."""
-    import lm
-    import lm_memory
+    from models import lm
+    from models import lm_memory
     import train_grpo
     from test_lm_memory import gpt_oss_20b_config
     cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})

@@ -44,7 +44,7 @@ if importlib.util.find_spec("vllm") is not None and os.environ.get("GPU_FORECAST
         `<|start|>assistant` turn; other requests (the logits read-out's prompts) pass untouched."""
 
         def __init__(self, vllm_config, device, is_pin_memory):
-            import harmony
+            from models import harmony
             enc = harmony.encoding()
             self.script = enc.encode(script_text(), allowed_special="all")
             self.turn = enc.encode("<|start|>assistant", allowed_special="all")
@@ -82,8 +82,8 @@ if importlib.util.find_spec("vllm") is not None and os.environ.get("GPU_FORECAST
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, o200k):
     """(backend, local model, url): the tiny GPT-OSS served with the README's flags."""
-    import harmony
-    from forecaster_backends import OpenAIServerBackend
+    from models import harmony
+    from models.forecaster_backends import OpenAIServerBackend
     from tiny_models import VLLM_CPU_FLAGS, VLLM_FLAGS, save_servable_gpt_oss, vllm_server
     reuse = os.environ.get("VLLM_TIER_GPT_OSS")  # "URL,FOLDER": a server already up (while developing)
     if reuse:
@@ -119,7 +119,7 @@ def long_candidate():
 
 def test_the_server_renders_our_harmony_prompt_token_for_token(served):
     """The date pinned on both sides: vLLM's prompt for a forecast request is harmony.render's."""
-    import harmony
+    from models import harmony
     from forecast_prompt import FORECAST_TOOL, build_messages
     from test_forecast_prompt import A100, CAND, REF
     backend, _, _ = served
@@ -155,7 +155,7 @@ def test_logits_readout_matches_the_local_model(served):
     import forecaster as F
     from forecast_answer import ANSWER_PREFIX, DIGITS
     from forecast_prompt import FORECAST_TOOL, build_messages
-    from forecaster_backends import TransformersBackend
+    from models.forecaster_backends import TransformersBackend
     from test_forecast_prompt import A100, CAND, REF
     backend, model, _ = served
     cands = [long_candidate(), CAND]
@@ -205,7 +205,7 @@ def test_grpo_server_samples_and_their_importance_weights(served):
     truncated importance weights start near 1."""
     import torch
 
-    import harmony
+    from models import harmony
     from forecast_prompt import FORECAST_TOOL, build_messages
     from test_forecast_prompt import A100, CAND, REF
     backend, model, _ = served
@@ -240,7 +240,7 @@ def test_grpo_server_samples_and_their_importance_weights(served):
 
 def test_bad_server_settings_are_one_line_errors(served):
     import forecaster as F
-    from forecaster_backends import OpenAIServerBackend, ServerError
+    from models.forecaster_backends import OpenAIServerBackend, ServerError
     from test_forecast_prompt import A100, CAND, REF
     _, _, url = served
     with pytest.raises(ServerError, match=f"does not serve a model named 'no-such-model'; it serves {MODEL}"):

@@ -20,8 +20,8 @@ NAME = "smollm2"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(backend, local embedded backend, url, folder, {adapter name: folder})."""
-    import lm
-    from forecaster_backends import OpenAIServerBackend, embedded_backend
+    from models import lm
+    from models.forecaster_backends import OpenAIServerBackend, embedded_backend
     from tiny_models import VLLM_CPU_FLAGS, vllm_server
     root = tmp_path_factory.mktemp("smollm2")
     old = os.environ.get("GPU_FORECASTERS_CACHE")
@@ -93,7 +93,7 @@ def test_a_tasks_second_forecast_finds_its_prefix_cached(served):
 
 
 def test_served_adapters_are_checked_to_change_the_log_probs(served):
-    from forecaster_backends import OpenAIServerBackend, ServerError
+    from models.forecaster_backends import OpenAIServerBackend, ServerError
     _, _, url, _, adapters = served
     real = OpenAIServerBackend(url, model="lora-real", adapter="lora-real", retries=0)
     real.check_adapter()  # the adapter moves the log-probs: no error
@@ -112,7 +112,7 @@ def test_tools_without_the_servers_tool_flags_are_a_one_line_error(served):
     """This server runs without --enable-auto-tool-choice: a verbalized forecast (a request with
     tools) is refused, and the run stops with one line naming the flags (no parse failure)."""
     import forecaster as F
-    from forecaster_backends import ServerError
+    from models.forecaster_backends import ServerError
     from test_forecast_prompt import A100, CAND, REF
     backend, _, _, _, _ = served
     with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice") as e:

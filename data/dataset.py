@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from bins import BINS, N_BINS, predicted_bin, speedup_to_bin
-from records import RecordError, read_jsonl
+from data.records import RecordError, read_jsonl
 
 
 def _fail(where, problem):

@@ -18,7 +18,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from records import read_jsonl, write_atomic
+from data.records import read_jsonl, write_atomic
 
 
 def seed_everything(seed, step, rank):

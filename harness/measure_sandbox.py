@@ -48,8 +48,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(ROOT, "measure_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
+WORKER = os.path.join(ROOT, "harness", "measure_worker.py")
 SANDBOX_UID = 65534           # nobody
 MAX_TASKS = 128               # threads and processes in one sandbox (a worker runs about ten)
 MAX_FILES = 1024              # open file descriptors

@@ -46,10 +46,10 @@ from pathlib import Path
 
 import torch
 
-import harmony
-from lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
-from prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
-from records import cache_dir
+from models import harmony
+from models.lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
+from models.prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
+from data.records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 REASONING_EFFORTS = ("low", "medium", "high")

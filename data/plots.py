@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bins import CONFIDENCE_KINDS, hit  # noqa: E402
-from records import write_atomic  # noqa: E402
+from data.records import write_atomic  # noqa: E402
 from selective import aurc, ece, reliability, risk_coverage, row_confidence  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """pair_sampler.py: a bin-balanced set of (anchor, candidate) pairs from measured kernels.
 
-    python pair_sampler.py kernels.jsonl --per-bin 53 --seed 0 --out pairs.jsonl
+    python -m data.pair_sampler kernels.jsonl --per-bin 53 --seed 0 --out pairs.jsonl
 
 The paper's eval set (docs/PAPER.md §10) is 424 (anchor, candidate) pairs = 8 bins x 53. A set
 drawn at random from a search's kernels would be mostly "parity" and "slight slowdown" (most
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bins import BIN_EDGES, BINS, speedup_to_bin
-from records import RecordError, read_jsonl, write_atomic
+from data.records import RecordError, read_jsonl, write_atomic
 
 KERNEL_FIELDS = ("kernel_id", "task", "code", "speedup", "hardware", "scale")
 

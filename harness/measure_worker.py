@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root: tasks/ lives there
 MAX_SOURCE = 1 << 20          # a kernel source larger than 1 MB is not a kernel
 FLUSH_BYTES = 256 * 2**20     # >= the L2 of any GPU we know: evicts it between calls
 DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded temporaries on the GPU)

@@ -33,7 +33,7 @@ import threading
 import time
 import unicodedata
 
-from measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, sandbox_plan, worker_env
+from harness.measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, sandbox_plan, worker_env
 
 MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
 MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood

@@ -41,9 +41,9 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import harmony
-import lm
-from lm import DEFAULT_MODEL, ModelNotFound
+from models import harmony
+from models import lm
+from models.lm import DEFAULT_MODEL, ModelNotFound
 
 
 @dataclass

@@ -58,7 +58,7 @@ import numpy as np
 
 import bins
 import selective
-from costmodel_features import FEATURE_VERSION, feature_names, pair_features
+from models.costmodel_features import FEATURE_VERSION, feature_names, pair_features
 from forecast_answer import Forecast
 from forecast_prompt import row_hardware
 

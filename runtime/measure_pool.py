@@ -19,7 +19,8 @@ measure.measure() unchanged (the same sandbox, verification and clock on every w
 
 Both answer submit(task, source, **measure_kwargs) with a concurrent.futures.Future of a dict:
 the measurement, the worker that ran it, and when it started and ended (time.time() on the
-worker's machine). measure_fn (default measure.measure) is what a worker calls.
+worker's machine). measure_fn is what a worker calls: measure.measure, which search_setup passes
+(a test passes a stand-in); the pool never imports measure.py, the entry point above it.
 
 What may overlap. Two timings on one GPU spoil both, and a candidate's code (its import, its JIT
 compile, its correctness calls) runs on the GPU it is given: a hostile candidate could slow a
@@ -36,9 +37,8 @@ import queue
 import threading
 import time
 
-import measure
-import measure_channel
-import measure_sandbox
+from harness import measure_channel
+from harness import measure_sandbox
 
 
 def pool_devices(devices="all", workers=None):
@@ -75,7 +75,7 @@ class MeasurePool:
     """Pool workers in this process, one per device (see the module docstring). submit() queues a
     candidate; the first free worker takes it, so candidates start in the order they came."""
 
-    def __init__(self, devices, measure_fn=None):
+    def __init__(self, devices, measure_fn):
         self.devices, self.measure_fn = list(devices), measure_fn
         self.names = [d if d.startswith("cuda") else f"cpu:{i}" for i, d in enumerate(self.devices)]
         cpu_workers = self.devices.count("cpu")
@@ -106,7 +106,7 @@ class MeasurePool:
                     continue
                 started = time.time()
                 try:
-                    m = (self.measure_fn or measure.measure)(task, source, **kwargs, **pinned)
+                    m = self.measure_fn(task, source, **kwargs, **pinned)
                 except BaseException as e:  # the trusted side failed, or bad usage: the caller decides
                     future.set_exception(e)
                     continue
@@ -166,9 +166,9 @@ class RayPool:
     rounds a container's CPU quota down, to 1 on a 1.5-core quota). workers: on a cluster without
     GPUs, the measurements in flight (default: one per CPU); on GPUs it is one per GPU."""
 
-    def __init__(self, address, measure_fn=None, num_cpus=None, workers=None):
+    def __init__(self, address, measure_fn, num_cpus=None, workers=None):
         import ray
-        self.ray, self.measure_fn = ray, measure_fn or measure.measure
+        self.ray, self.measure_fn = ray, measure_fn
         self.owns_cluster = not ray.is_initialized()
         if self.owns_cluster:
             # The project's code travels to every node with the job (Ray's working_dir, which
@@ -206,11 +206,13 @@ class RayPool:
             except ray.exceptions.RayTaskError as e:  # measure() raised: the harness's error, not a crash
                 out.set_exception(e.as_instanceof_cause())
             except ray.exceptions.RayError as e:  # the worker or its node died, twice
-                m = measure.Measurement(task=task, status="crashed", message=(
+                # measure.Measurement's fields that a crash has (the others are absent, as in
+                # the record of a measurement that crashed on its own)
+                m = dict(task=task, status="crashed", speedup=None, cases=[], message=(
                     f"the Ray worker measuring it was lost {RAY_RETRIES + 1} times (retried on another "
                     f"worker): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")[:2000])
                 now = time.time()
-                out.set_result(dict(measurement=m.to_dict(), worker="ray:lost", started=sent, ended=now,
+                out.set_result(dict(measurement=m, worker="ray:lost", started=sent, ended=now,
                                     seconds=now - sent))
 
         ref.future().add_done_callback(arrived)

@@ -32,7 +32,7 @@ import re
 from collections import namedtuple
 from pathlib import Path
 
-from records import cache_dir, write_atomic
+from data.records import cache_dir, write_atomic
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 O200K_N_RANKS = 199998  # ordinary (non-special) tokens of o200k_base
