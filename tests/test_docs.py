@@ -12,7 +12,11 @@ trailing `...` stands for further parameters that all have defaults, so a call w
 doc still works. An optional ` -> result` after the list is prose. In ARCHITECTURE.md a
 signature must name its module (`forecaster.Gate(...)`, never `Gate(...)`), so that none escapes
 the check. The other docs are checked for names only: their parentheses hold calls, not
-signatures.
+signatures. A name of a module that has moved into a package, still given where it was, fails.
+
+Also checked: the tree at the top of ARCHITECTURE.md names the files there are, and the module
+docstrings that list their module's contents (metrics.py's reading order, forecaster.py's table)
+list what the module defines, in its order.
 """
 import ast
 import builtins
@@ -51,8 +55,8 @@ def is_project_module(name):
 
 
 def split(span):
-    """(dotted head, parameter text or None) of a span, or None when it is neither a name nor a
-    signature (prose, a command line, a call with arguments is handled by the caller)."""
+    """(dotted head, parameter text or None) of a span; None when it is neither a name nor a
+    signature (prose, a command line)."""
     head = HEAD.match(span)
     if not head:
         return None
@@ -243,7 +247,7 @@ def test_checker_catches_drift():
     with pytest.raises(AssertionError):  # a module that moved away, named where it was
         resolve("no_such_module.name")
     assert is_project_module("cross_entropy") and not is_project_module("torch")  # tasks/cross_entropy.py
-    assert split("`x`".strip("`")) == ("x", None)
+    assert split("bins.brier") == ("bins.brier", None)
     assert split("measure.measure(task, source) -> Measurement") == ("measure.measure", "task, source")
     assert split("python search.py --task x") is None
 
@@ -282,3 +286,17 @@ def test_forecaster_docstring_lists_only_its_own_names():
     for name in listed:
         assert name in defs, f"forecaster.py's docstring lists {name}, which forecaster.py does not define"
     assert [defs[n] for n in listed] == sorted(defs[n] for n in listed), "listed out of the file's order"
+
+
+def test_architecture_tree_is_the_folder():
+    # the tree at the top of ARCHITECTURE.md: the file each line begins with is where it says, and
+    # every top-level module has its line
+    text = ARCHITECTURE.read_text()
+    tree = text.split("```\n", 2)[1]
+    files = [m.group(1) for line in tree.splitlines()
+             if (m := re.match(r"^[\s│├└]*([\w/]+\.py)\s", line))]
+    assert len(files) >= 20
+    missing = [f for f in files if not (ROOT / f).is_file()]
+    assert not missing, f"docs/ARCHITECTURE.md's tree names files that are not there: {missing}"
+    unlisted = sorted(p.name for p in ROOT.glob("*.py") if p.name not in files)
+    assert not unlisted, f"docs/ARCHITECTURE.md's tree leaves out top-level modules: {unlisted}"
