@@ -5,14 +5,11 @@ model reasons about both and forecasts the candidate's speedup S = reference_tim
 as 8 probabilities over the log-spaced bins of bins.py. A selective gate then trusts confident
 forecasts and defers uncertain ones to a real GPU measurement.
 
-    build_messages  the prompt: a "GPU execution simulator" system message with the bin table
-                    (generated from bins.py, so prompt and labels never disagree) and a user
-                    message with the task, both kernels (fenced as python) and a hardware table
-    parse_answer    the model's answer, the tool call `submit_kernel_runtime_estimate`, into a
-                    Forecast; never raises: anything unusable is a parse failure with a reason
     Forecaster      prompts -> backend -> Forecasts, batched per task over the prompt prefix
                     the task's candidates share (computed once), with an on-disk cache
     Gate            trust or defer, from a confidence score and a threshold
+    run_eval        --eval: prediction rows for a file of rows, resumed where a run stopped
+    main            the command line: one candidate's forecast and the gate's decision, or --eval
 
 Protocols and variants (docs/FIDELITY.md): --protocol paper shows the original's prompt, gives
 16384 new tokens and generates an answer that does not parse once more (the original's retry);
@@ -33,10 +30,14 @@ A learned cost model (costmodel.py: gradient-boosted trees on features of the co
 of surrogate) forecasts the same Forecast without a language model: `--costmodel DIR` (a folder
 from train_costmodel.py) replaces the backend, for one candidate or for --eval.
 
-The forecast and its parser (Forecast, parse_answer) are in forecast_answer.py, the prompt
-(build_messages, the hardware table, the answer tool's schema) in forecast_prompt.py, and the
-backends (local transformers incl. GPT-OSS in harmony format, an OpenAI-compatible server, the
-embedded SmolLM2) in forecaster_backends.py behind one `generate` interface.
+What it builds on lives beside it: the prompt in forecast_prompt.py (build_messages: a "GPU
+execution simulator" system message with the bin table, generated from bins.py so that prompt and
+labels never disagree, and a user message with the task, both kernels and a hardware table; the
+answer tool's schema); the forecast and its parser in forecast_answer.py (Forecast, parse_answer:
+the tool call `submit_kernel_runtime_estimate` into a Forecast, never raising: anything unusable is
+a parse failure with a reason); the backends (local transformers incl. GPT-OSS in harmony format,
+an OpenAI-compatible server, the embedded SmolLM2) in forecaster_backends.py behind one `generate`
+interface.
 """
 import argparse
 import hashlib

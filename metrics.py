@@ -17,11 +17,12 @@ Reading top to bottom:
 1. dataset scores: parse rate (a deferral of the abstain variant is an answer; its share is the
    deferral rate), accuracy and off-by-one accuracy, Brier/CRPS/NLL with parse failures and
    deferrals scored as a uniform forecast, ECE (10 buckets), AURC per confidence score, selective
-   risk at 50% coverage; per task, and mean/std over repeats (report);
-2. speedup recovered under a measurement budget;
-3. discovery moments;
-4. the paper protocol's report (paper_report);
-5. the command line: tables or JSON, and plots on request.
+   risk at 50% coverage; per task, and mean/std over repeats (scores, report);
+2. the paper protocol's figures (paper_scores, paper_report);
+3. speedup recovered under a measurement budget (speedup_recovered, speedup_recovered_rows);
+4. a search's candidates: fast_p, the share correct and faster than the reference;
+5. discovery moments (discovery_moments);
+6. the command line: tables or JSON, and plots on request (format_report, main).
 
 Speedup recovered under a measurement budget (our definition; the paper's Table 1 has no code):
 within each task's pool of n candidates with measured speedups, rank the candidates by the

@@ -3,7 +3,7 @@ the demo's plumbing (one train_grpo run per seed and reward setting, in worker p
 evaluation, JSON, plot) works on one step.
 
 The full run (does +Brier/+CRPS calibrate better than correctness?) is a benchmark, not a test: its
-measured numbers are in the README. What is asserted here holds by construction or not at all:
+measured numbers are in docs/CALIBRATION.md. What is asserted here holds by construction or not at all:
 rows follow their kind's distribution, reporting the true distribution is calibrated while
 reporting the mode alone is not (at the same accuracy), and only the proper rewards pay for it.
 """
@@ -80,7 +80,7 @@ def test_only_the_proper_rewards_pay_for_the_truth():
 
 
 def test_on_split_prompts_the_best_independent_votes_are_q():
-    # what the README says of +CRPS at the paper's weight: its optimum is right, its pay is small.
+    # what docs/CALIBRATION.md says of +CRPS at the paper's weight: its optimum is right, its pay is small.
     # A policy that draws its 4 votes independently, the level with probability a and the next bin
     # otherwise; exact expectation over the votes and over y ~ q = (.5, .5).
     level, q = 3, demo.true_distribution(3, "split")

@@ -81,7 +81,7 @@ if importlib.util.find_spec("vllm") is not None and os.environ.get("GPU_FORECAST
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, o200k):
-    """(backend, local model, url): the tiny GPT-OSS served with the README's flags."""
+    """(backend, local model, url): the tiny GPT-OSS served with docs/GPU.md's flags."""
     from models import harmony
     from models.forecaster_backends import OpenAIServerBackend
     from tiny_models import VLLM_CPU_FLAGS, VLLM_FLAGS, save_servable_gpt_oss, vllm_server

@@ -14,7 +14,7 @@
   the o200k vocabulary with the harmony special tokens as a Hugging Face tokenizer, and a tiny
   GPT-OSS with head size 64 (what vLLM's CPU attention supports) saved beside it.
 - vllm_server(folder, name, ...): a real vLLM (the CPU build) serving a folder on loopback, with
-  the serve flags the README gives, stopped with its whole process group on leaving the block.
+  the serve flags docs/GPU.md gives, stopped with its whole process group on leaving the block.
 """
 import contextlib
 import functools
@@ -174,7 +174,7 @@ def save_servable_gpt_oss(folder, vocab_folder, seed=0, dtype="bfloat16"):
     return model, Path(folder)
 
 
-# The README's serve flags (modulo model and device): GPT-OSS's tool calls and reasoning, and on a
+# docs/GPU.md's serve flags (modulo model and device): GPT-OSS's tool calls and reasoning, and on a
 # CPU chunked prefill off (with it, a seeded prompt over 2,048 tokens kills the engine)
 VLLM_FLAGS = ["--tool-call-parser", "openai", "--enable-auto-tool-choice", "--reasoning-parser", "openai_gptoss",
               "--enable-prefix-caching"]
