@@ -48,7 +48,7 @@ import sys
 
 import numpy as np
 
-from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
+from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, fast_p, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
 from dataset import load_predictions
 from paper_protocol import selective_scores
@@ -264,14 +264,6 @@ def speedup_recovered_rows(rows, budgets=BUDGETS_PCT):
             pools.append(res)
         overall.append(_average(pools))
     return {**_average(overall), "tasks": {t: _average(v) for t, v in sorted(per_task.items())}}
-
-
-# ---- a search's candidates -----------------------------------------------------------------------
-
-def fast_p(speedups, p=1.0):
-    """fast_p (KernelBench): the share of candidates that are correct and more than p times as fast
-    as the reference. speedups: one per measured candidate, None when it failed; None if empty."""
-    return sum(s is not None and s > p for s in speedups) / len(speedups) if speedups else None
 
 
 # ---- discovery moments (definition in the module docstring) -------------------------------
