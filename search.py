@@ -11,7 +11,7 @@ Then every step of the search runs these phases, in this order (Search.run):
   3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference: a
      language model, or with --forecaster costmodel a learned cost model (costmodel.py) that is
      refit on the search's measured kernels so far, as Ansor's is.
-  4. Gate. The gate decides which children deserve a real measurement (--gate; search_gate.py):
+  4. Gate. The gate decides which children deserve a real measurement (--gate; gate.py):
      none (measure every mutation: the paper's standard search), topk (measure the k best by
      expected bin: its surrogate-filtered search, 16 forecast, 4 measured per parent) or
      confidence (the selective gate: measure when unsure or when a gain is predicted).
@@ -44,7 +44,7 @@ Decisions this file documents:
   - Budget: --budget counts measurements of *candidates*, counted when sent (so those in flight
     count too: never more than --budget). The seed is measured once before the search as its
     root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
-  - The gate's rules (a gain over the parent, the learnt threshold, the ranking) are search_gate.py's.
+  - The gate's rules (a gain over the parent, the learnt threshold, the ranking) are gate.py's.
   - Resume: every request and result is a line in OUT/events.jsonl. A rerun replays the search
     from the start, answering each request from the log; only requests without a logged result
     are issued again. Mutation, forecast and measurement results are all logged (a measurement's
@@ -88,7 +88,7 @@ from lm import DEFAULT_MODEL
 from mutators import goal_reward
 from puct import Archive
 from records import EventLog, RecordError, write_atomic
-from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
+from gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
 import tasks
 from tasks import TASK_NAMES

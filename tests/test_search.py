@@ -2,7 +2,7 @@
 measurements, outputs and command line.
 
 Most tests run the search with scripted collaborators (a fake measure function, a scripted
-forecaster, deterministic mutators), so they need neither a GPU nor an LLM; test_search_gate.py,
+forecaster, deterministic mutators), so they need neither a GPU nor an LLM; test_gate.py,
 test_search_protocol.py, test_measure_pool.py and test_records.py use them too. The end-to-end
 tests run the real main command on CPU: one with real measurements, then its resume; one gated,
 with a fake embedded forecaster, to check that resuming a finished run loads no model.

@@ -1,10 +1,10 @@
-"""Tests of search_gate.py: which children each gate mode measures, in searches with scripted collaborators."""
+"""Tests of gate.py: which children each gate mode measures, in searches with scripted collaborators."""
 import pytest
 
 import bins
 import selective
 from forecaster import Gate
-from search_gate import as_forecast, predicts_gain
+from gate import as_forecast, predicts_gain
 from test_search import BitMutator, ScriptedForecaster, ones_forecast, peaked, run
 
 

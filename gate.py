@@ -1,4 +1,4 @@
-"""search_gate.py: which of a parent's children deserve a GPU measurement (docs/PAPER.md §4, §7).
+"""gate.py: which of a parent's children deserve a GPU measurement (docs/PAPER.md §4, §7).
 
 The search's fourth phase. Each child has a forecast of its speedup over the reference (a Forecast:
 8 probabilities, a parse failure, or a deferral of the abstain variant); `select` decides, from
