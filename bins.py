@@ -13,7 +13,8 @@ Reading top to bottom:
 2. the score of one forecast p against the true bin y: the proper scoring rules the paper trains
    and judges by (Brier = the paper's half-Brier, CRPS over the ordered bins / 7, NLL);
 3. what one forecast says: its predicted bin (the argmax, lowest bin on ties), exact and off-by-one
-   hits, its confidence (the selective gate's score), expected bin and expected log2-speedup.
+   hits, its confidence (the selective gate's score), expected bin and expected log2-speedup;
+4. what a search's measured candidates say: fast_p, KernelBench's share of correct, faster kernels.
 Scores over a whole dataset are in metrics.py; trusting confident forecasts in selective.py.
 """
 import math
@@ -187,3 +188,11 @@ def prob_at_least(p, speedup):
     p = as_probs(p)
     b = speedup_to_bin(speedup)
     return float(p[b - 1:].sum())
+
+
+# ---- a search's candidates -----------------------------------------------------------------------
+
+def fast_p(speedups, p=1.0):
+    """fast_p (KernelBench): the share of candidates that are correct and more than p times as fast
+    as the reference. speedups: one per measured candidate, None when it failed; None if empty."""
+    return sum(s is not None and s > p for s in speedups) / len(speedups) if speedups else None

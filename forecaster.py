@@ -7,9 +7,9 @@ forecasts and defers uncertain ones to a real GPU measurement.
 
     Forecaster      prompts -> backend -> Forecasts, batched per task over the prompt prefix
                     the task's candidates share (computed once), with an on-disk cache
-    Gate            trust or defer, from a confidence score and a threshold
     run_eval        --eval: prediction rows for a file of rows, resumed where a run stopped
     main            the command line: one candidate's forecast and the gate's decision, or --eval
+The gate that trusts or defers a forecast is gate.py's; the command line here prints its decision.
 
 Protocols and variants (docs/FIDELITY.md): --protocol paper shows the original's prompt, gives
 16384 new tokens and generates an answer that does not parse once more (the original's retry);
@@ -42,21 +42,19 @@ interface.
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import bins
-import selective
 from data.dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import (HARDWARE_PROFILES, PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware,
                              shared_messages)
 from models.costmodel import CostModel, CostModelForecaster
 from models.forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
+from gate import Gate
 from models.lm import DEFAULT_MODEL, REASONING_EFFORTS
 from data.records import cache_dir, write_atomic
 
@@ -207,36 +205,6 @@ class Forecaster:
             f = from_probs(p, reasoning=r, tokens_in=n_in, tokens_out=c.tokens_out, seconds=seconds)
             out.append((f or failure("logits read-out: no probability on the digits 1..8"), True))
         return out
-
-
-# ---- the selective gate ---------------------------------------------------------------------------------
-
-@dataclass
-class Gate:
-    """Trust a forecast whose confidence score reaches the threshold; defer the rest (every parse
-    failure and every native deferral of the abstain variant too) to a GPU measurement."""
-    score: str = "maxprob"
-    threshold: float = 0.5
-
-    def __post_init__(self):
-        if self.score not in bins.CONFIDENCE_KINDS:
-            raise ValueError(f"unknown gate score {self.score!r}; choose one of: {', '.join(bins.CONFIDENCE_KINDS)}")
-
-    def decide(self, forecast):
-        if forecast.parse_failed or forecast.probs is None:
-            return "defer"
-        return "trust" if forecast.confidence(self.score) >= self.threshold else "defer"
-
-    @classmethod
-    def from_labelled(cls, forecasts, true_bins, target_risk=0.1, delta=0.05, score="maxprob"):
-        """The threshold that keeps the bin-mismatch rate of trusted forecasts below target_risk
-        with probability 1 - delta (SGR, Geifman & El-Yaniv 2017), from labelled forecasts.
-        Parse failures are always deferred (confidence None) but count in the coverage. When no
-        threshold meets the target the gate defers everything (threshold inf)."""
-        conf = [f.confidence(score) for f in forecasts]
-        correct = [f.predicted_bin == int(y) for f, y in zip(forecasts, true_bins)]
-        best = selective.guaranteed_risk_threshold(conf, correct, target_risk, delta)
-        return cls(score=score, threshold=math.inf if best is None else best["threshold"])
 
 
 # ---- evaluation over rows (the paper's eval set or our training rows) ------------------------------------

@@ -20,9 +20,8 @@ Reading top to bottom:
    risk at 50% coverage; per task, and mean/std over repeats (scores, report);
 2. the paper protocol's figures (paper_scores, paper_report);
 3. speedup recovered under a measurement budget (speedup_recovered, speedup_recovered_rows);
-4. a search's candidates: fast_p, the share correct and faster than the reference;
-5. discovery moments (discovery_moments);
-6. the command line: tables or JSON, and plots on request (format_report, main).
+4. discovery moments (discovery_moments);
+5. the command line: tables or JSON, and plots on request (format_report, main).
 
 Speedup recovered under a measurement budget (our definition; the paper's Table 1 has no code):
 within each task's pool of n candidates with measured speedups, rank the candidates by the
@@ -265,14 +264,6 @@ def speedup_recovered_rows(rows, budgets=BUDGETS_PCT):
             pools.append(res)
         overall.append(_average(pools))
     return {**_average(overall), "tasks": {t: _average(v) for t, v in sorted(per_task.items())}}
-
-
-# ---- a search's candidates -----------------------------------------------------------------------
-
-def fast_p(speedups, p=1.0):
-    """fast_p (KernelBench): the share of candidates that are correct and more than p times as fast
-    as the reference. speedups: one per measured candidate, None when it failed; None if empty."""
-    return sum(s is not None and s > p for s in speedups) / len(speedups) if speedups else None
 
 
 # ---- discovery moments (definition in the module docstring) -------------------------------

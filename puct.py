@@ -45,6 +45,16 @@ class Node:
         return self.reward
 
 
+@dataclass
+class Child:
+    """A successful child offered to the archive by one expansion."""
+    id: str
+    code: str
+    reward: float
+    info: dict = field(default_factory=dict)  # measurement summary, kept on its Node
+    measured: bool = True  # False: the reward is a trusted forecast's expected speedup (--forecast-reward)
+
+
 class Archive:
     """Measured kernels as a tree, with PUCT parent selection.
 
@@ -71,8 +81,8 @@ class Archive:
     def expand(self, parent_id, children, step=-1):
         """Record one expansion of `parent_id` with its successful children.
 
-        children: list of (id, code, reward, info), or (id, code, reward, info, measured) for a
-        child whose reward is a forecast (measured=False). Exact duplicates of code already in the archive
+        children: list of Child (or plain (id, code, reward, info) tuples: measured children).
+        Exact duplicates of code already in the archive
         are dropped first, then only the best `keep_children` are kept: the best measured ones, and
         beside them the best forecast ones (a forecast never displaces a measured kernel). The parent's best-child
         value becomes max(old, best kept reward); the parent and every ancestor get one more visit;
@@ -81,27 +91,28 @@ class Archive:
         """
         parent = self.nodes.get(parent_id)
         fresh, seen = [], set()
-        for cid, code, reward, info, *measured in children:
-            key = code.strip()
-            if key in seen or self.has_code(code):
+        for child in children:
+            child = child if isinstance(child, Child) else Child(*child)
+            key = child.code.strip()
+            if key in seen or self.has_code(child.code):
                 continue
             seen.add(key)
-            fresh.append((cid, code, float(reward), info, measured[0] if measured else True))
-        fresh.sort(key=lambda ch: -ch[2])  # stable: equal rewards keep proposal order
-        kept = ([ch for ch in fresh if ch[4]][: self.keep_children]
-                + [ch for ch in fresh if not ch[4]][: self.keep_children])
-        for cid, code, reward, info, measured in kept:
-            self.nodes[cid] = Node(cid, code, reward, parent_id, step=step, info=dict(info or {}),
-                                   measured=measured)
+            fresh.append(child)
+        fresh.sort(key=lambda ch: -float(ch.reward))  # stable: equal rewards keep proposal order
+        kept = ([ch for ch in fresh if ch.measured][: self.keep_children]
+                + [ch for ch in fresh if not ch.measured][: self.keep_children])
+        for ch in kept:
+            self.nodes[ch.id] = Node(ch.id, ch.code, float(ch.reward), parent_id, step=step,
+                                     info=dict(ch.info or {}), measured=ch.measured)
             if parent is not None:
-                parent.children.append(cid)
+                parent.children.append(ch.id)
         if parent is not None and kept:
-            best = max(ch[2] for ch in kept)
+            best = max(float(ch.reward) for ch in kept)
             parent.best_child = best if parent.best_child is None else max(parent.best_child, best)
         self._backpropagate(parent_id)
         self.expansions += 1
         self._enforce_capacity()
-        return [ch[0] for ch in kept]
+        return [ch.id for ch in kept]
 
     def _backpropagate(self, node_id):
         while node_id is not None and node_id in self.nodes:

@@ -11,7 +11,7 @@ Then every step of the search runs these phases, in this order (Search.run):
   3. Forecast. With a gate, the forecaster forecasts every child's speedup over the reference: a
      language model, or with --forecaster costmodel a learned cost model (costmodel.py) that is
      refit on the search's measured kernels so far, as Ansor's is.
-  4. Gate. The gate decides which children deserve a real measurement (--gate; search_gate.py):
+  4. Gate. The gate decides which children deserve a real measurement (--gate; gate.py):
      none (measure every mutation: the paper's standard search), topk (measure the k best by
      expected bin: its surrogate-filtered search, 16 forecast, 4 measured per parent) or
      confidence (the selective gate: measure when unsure or when a gain is predicted).
@@ -28,7 +28,7 @@ Then every step of the search runs these phases, in this order (Search.run):
   6. Update. The successful children enter the archive (failures count as visits only), the step
      is logged and the run's outputs are rewritten.
 
-Defaults that run anywhere (search_setup.py picks them and says so at start-up): with no GPU and
+Defaults that run anywhere (search_setup.plan_search picks them and says so at start-up): with no GPU and
 no model weights the plain command uses the offline catalog mutator, the embedded SmolLM2
 forecaster (logits read-out; its forecasts carry no information), CPU-scale measurement and a
 budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
@@ -44,7 +44,8 @@ Decisions this file documents:
   - Budget: --budget counts measurements of *candidates*, counted when sent (so those in flight
     count too: never more than --budget). The seed is measured once before the search as its
     root and anchor and is not counted (the paper's 320 = 40 steps x 2 parents x 4).
-  - The gate's rules (a gain over the parent, the learnt threshold, the ranking) are search_gate.py's.
+  - The gate's rules (trust or defer, a gain over the parent, the learnt threshold, the ranking,
+    the budget's cut) are gate.py's.
   - Resume: every request and result is a line in OUT/events.jsonl. A rerun replays the search
     from the start, answering each request from the log; only requests without a logged result
     are issued again. Mutation, forecast and measurement results are all logged (a measurement's
@@ -66,7 +67,7 @@ Decisions this file documents:
     expands and the archive keeps the kernels closest to the band instead of the fastest, and an
     LLM mutator is asked to land in the band. It measures every mutation (--gate none).
   - fast_1 in summary.json: the share of measured candidates that were correct and faster than the
-    reference (metrics.fast_p), the KernelBench measure of a search's candidates.
+    reference (bins.fast_p), the KernelBench measure of a search's candidates.
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
 import json
@@ -78,18 +79,18 @@ from pathlib import Path
 
 import bins
 from runtime import cli
-import metrics
 from data import plots
 from runtime.cli import flag
 from data.dataset import training_row
+from forecast_answer import Forecast
 from forecast_prompt import PROTOCOLS
 from models.forecaster_backends import EMBEDDED_DTYPES, ServerError
 from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
-from puct import Archive
+from gate import GATES, RANK_KEYS, forecast_speedup, select
+from puct import Archive, Child
 from data.records import EventLog, RecordError, write_atomic
-from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
-from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, setup
+from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, plan_search
 import tasks
 from tasks import TASK_NAMES
 
@@ -260,8 +261,9 @@ def with_protocol_defaults(args):
 # ---- the search -------------------------------------------------------------------------------
 
 @dataclass
-class Tally:
-    """What the search has done so far; summary.json reports it."""
+class SearchStats:
+    """What the search has done so far (counts, seconds, each measured candidate's speedup);
+    summary.json reports it."""
     steps: int = 0
     measurements: int = 0
     forecasts: int = 0
@@ -279,16 +281,31 @@ class Tally:
     measurement_s: float = 0.0
 
 
+@dataclass
+class InFlight:
+    """A candidate sent to the measurement pool whose result collect() has yet to take."""
+    result: object         # a Future of the logged measurement
+    id: str
+    code: str
+    forecast: object       # its Forecast, None without a gate
+    parent: object         # its parent's archive Node
+    number: int            # its place in the budget: the curve's x
+
+
 class Search:
-    """One PUCT search writing into out_dir. args: the options with setup()'s choices filled in
-    (budget, mutations and scale numbers and names; mutator the mutator's name). All collaborators
-    are injected so tests can script them: mutator.propose(parent, n, seen, key),
+    """One PUCT search writing into out_dir. args: the options with plan_search()'s choices filled
+    in (budget, mutations and scale numbers and names; mutator the mutator's name). All
+    collaborators are injected so tests can script them: mutator.propose(parent, n, seen, key),
     pool.submit(task, source, **measure_kwargs) -> a Future of {measurement: dict, worker,
     started, ended, seconds} (measure_pool.py; a MeasurePool around a scripted measure function),
     forecaster.forecast_many(task, anchor_code, codes) -> objects with probs, parse_failed and
     to_dict(). forecaster_name is recorded in the event log (one log holds one search). online: the
     forecaster learns from the search (costmodel.CostModelForecaster): forecaster.learn(rows) is handed
-    the training rows measured so far before each forecast."""
+    the training rows measured so far before each forecast.
+
+    Lines marked `# plumbing: resume` are the event log's (a rerun replays the search from the
+    log); `# plumbing: concurrency` lines keep the measurements in flight apart from the LLM's
+    work and the learnt gate. A first read may skip both."""
 
     def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
                  forecaster_name="", measure_kwargs=None, llm_waits=False, online=False, progress=True, say=print):
@@ -309,26 +326,26 @@ class Search:
         """Measure the seed, then run steps of select -> mutate -> forecast -> gate -> measure ->
         update until the budget or the steps are spent. Returns the summary."""
         a, t_start = self.args, time.time()
-        self._open_log()
+        self._open_log()                                                    # plumbing: resume
         self.archive = Archive(c=a.c, capacity=a.capacity, keep_children=a.keep_children)
-        self.tally, self.labels, self.rows, self.curve, self.in_flight = Tally(), [], [], [], []
+        self.stats, self.labels, self.rows, self.curve, self.in_flight = SearchStats(), [], [], [], []
         self._measure_seed()
         self.bar = _progress(a.budget, self.progress)
         for step in range(a.steps):
-            if self.tally.measurements >= a.budget:
+            if self.stats.measurements >= a.budget:
                 break
             parents = self.archive.select(a.parents)                        # 1. select
             children = {}
             for k, pid in enumerate(parents):
-                if self.tally.measurements >= a.budget:
+                if self.stats.measurements >= a.budget:
                     break  # nothing left to measure: do not mutate or forecast for nothing
                 parent, tag = self.archive.nodes[pid], f"s{step}p{k}"
                 if self.llm_waits:
-                    self.collect(children)  # no timing on the LLM's GPU while it computes
+                    self.collect(children)  # plumbing: concurrency (no timing on the LLM's GPU while it computes)
                 cands = self.mutate(parent, step, k, tag)                   # 2. mutate
                 forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
                 if a.gate == "confidence" and a.threshold is None:
-                    self.collect(children)  # the gate learns from every label so far
+                    self.collect(children)  # plumbing: concurrency (the gate learns from every label so far)
                 chosen, trusted = self.gate(parent, cands, forecasts, step, tag)  # 4. gate
                 children[pid] = self.forecast_children(trusted, cands, forecasts)  # (trusted: no GPU run)
                 self.measure(chosen, cands, forecasts, step, parent)        # 5. measure: sent...
@@ -336,13 +353,13 @@ class Search:
             self.update(step, parents, children, t_start)                    # 6. update
         self.bar.close()
         self._write_outputs(t_start, plot=True)
-        self.log.close()
+        self.log.close()                                                    # plumbing: resume
         return self.summary(t_start)
 
     def _measure_seed(self):
         """The seed is the archive's root: the anchor of every forecast, not counted in the budget."""
-        res = self.log.submit("measurement", "seed", -1, None, lambda: self._send(self.seed_code)).result()
-        self.tally.measurement_s += res["seconds"]
+        res = self.logged("measurement", "seed", -1, None, self._send, self.seed_code).result()
+        self.stats.measurement_s += res["seconds"]
         m = res["measurement"]
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
@@ -355,50 +372,45 @@ class Search:
 
     def reward(self, m):
         """A measured kernel's reward: its speedup, or its closeness to --target-bin's band."""
-        t = self.args.target_bin
-        return m["speedup"] if t is None else goal_reward(m["speedup"], t)
+        target = self.args.target_bin
+        return m["speedup"] if target is None else goal_reward(m["speedup"], target)
 
     def mutate(self, parent, step, k, tag):
         """2. [(candidate id, code)] of the parent's new children; failed and repeated code dropped."""
-        n, t = self.args.mutations, self.tally
-        muts = self.log.call("mutation", f"{tag}/mutate", step, parent.id,
-                             lambda: self._mutate(parent, n, self.seen, step, k))
-        t.mutation_s += muts["seconds"]
+        stats = self.stats
+        mutation = self.logged("mutation", f"{tag}/mutate", step, parent, self._mutate, parent, step, k)
+        stats.mutation_s += mutation["seconds"]
         cands = []
-        for i, c in enumerate(muts["candidates"]):
-            t.proposed += 1
+        for i, c in enumerate(mutation["candidates"]):
+            stats.proposed += 1
             if c["code"] is None:
-                t.failed_mutations += 1
+                stats.failed_mutations += 1
             elif c["code"].strip() in self.seen:
-                t.duplicates += 1
+                stats.duplicates += 1
             else:
                 self.seen.add(c["code"].strip())
                 cands.append((f"{tag}c{i}", c["code"]))
-        t.considered += len(cands)
+        stats.considered += len(cands)
         return cands
 
     def forecast(self, cands, step, parent, tag):
         """3. A Forecast per candidate (none without a gate)."""
         if self.args.gate == "none" or not cands:
             return []
-        fc = self.log.call("forecast", f"{tag}/forecast", step, parent.id,
-                           lambda: self._forecast([code for _, code in cands]))
-        self.tally.forecasts += len(fc["forecasts"])
-        self.tally.forecast_s += fc["seconds"]
-        return [as_forecast(v) for v in fc["forecasts"]]
+        answer = self.logged("forecast", f"{tag}/forecast", step, parent, self._forecast, [code for _, code in cands])
+        self.stats.forecasts += len(answer["forecasts"])
+        self.stats.forecast_s += answer["seconds"]
+        return [forecast_from_log(entry) for entry in answer["forecasts"]]  # plumbing: resume
 
     def gate(self, parent, cands, forecasts, step, tag):
         """4. (indices of the candidates to measure, in order; indices whose trusted forecast stands
-        in for a measurement, with --forecast-reward); the rest are skipped with a reason."""
-        chosen, trusted, skipped, tau = select(self.args, parent.reward, forecasts, self.labels, len(cands))
-        room = max(0, self.args.budget - self.tally.measurements)
-        for j in chosen[room:]:
-            skipped[j] = "budget spent"
-        chosen = chosen[:room]
+        in for a measurement, with --forecast-reward); the rest are skipped with a reason (gate.py)."""
+        room = max(0, self.args.budget - self.stats.measurements)
+        chosen, trusted, skipped, tau = select(self.args, parent.reward, forecasts, self.labels, len(cands), room)
         for reason in skipped.values():
-            self.tally.skipped_by_reason[reason] = self.tally.skipped_by_reason.get(reason, 0) + 1
-        self.tally.skipped += len(skipped)
-        self.log.note("selection", f"{tag}/select", step, parent.id, {
+            self.stats.skipped_by_reason[reason] = self.stats.skipped_by_reason.get(reason, 0) + 1
+        self.stats.skipped += len(skipped)
+        self.log.note("selection", f"{tag}/select", step, parent.id, {        # plumbing: resume
             "measure": [cands[j][0] for j in chosen], "threshold": tau,
             "skip": {cands[j][0]: why for j, why in sorted(skipped.items())},
             **({"forecast_reward": [cands[j][0] for j in trusted]} if self.args.forecast_reward else {})})
@@ -408,55 +420,55 @@ class Search:
         """(--forecast-reward) The trusted children as archive children whose reward is their
         forecast's expected speedup, marked measured=False: no GPU run, no training row, no point
         on the measured curve."""
-        kids = []
+        children = []
         for j in trusted:
             cid, code = cands[j]
             r = forecast_speedup(forecasts[j])
-            kids.append((cid, code, r, {"result": {"status": "forecast", "speedup": r}}, False))
-        self.tally.forecast_rewards += len(kids)
-        return kids
+            children.append(Child(cid, code, r, {"result": {"status": "forecast", "speedup": r}}, measured=False))
+        self.stats.forecast_rewards += len(children)
+        return children
 
     def measure(self, chosen, cands, forecasts, step, parent):
         """5. Send the chosen candidates to the measurement pool; collect() takes the results. Each
         counts against the budget from the moment it is sent."""
         for j in chosen:
             cid, code = cands[j]
-            result = self.log.submit("measurement", cid, step, parent.id, lambda code=code: self._send(code))
+            result = self.logged("measurement", cid, step, parent, self._send, code)
             result.add_done_callback(lambda _: self.bar.update(1))
-            self.tally.measurements += 1
+            self.stats.measurements += 1
             forecast = forecasts[j] if forecasts else None
-            self.in_flight.append((result, cid, code, forecast, parent, self.tally.measurements))
+            self.in_flight.append(InFlight(result, cid, code, forecast, parent, self.stats.measurements))
 
     def collect(self, children):
         """5. The results of the measurements in flight, taken in the order they were sent: the
         successful children join children[parent], each success is a training row and a label."""
-        t = self.tally
-        for result, cid, code, forecast, parent, n in self.in_flight:
-            res = result.result()
-            t.measurement_s += res["seconds"]
+        stats = self.stats
+        for sent in self.in_flight:
+            res = sent.result.result()
+            stats.measurement_s += res["seconds"]
             m = res["measurement"]
             ok = m["status"] == "ok" and bool(m.get("speedup"))
-            t.speedups.append(m["speedup"] if ok else None)
-            if forecast is not None and ok and forecast.probs is not None:  # a label for the gate
-                self.labels.append((forecast, bins.speedup_to_bin(m["speedup"])))
+            stats.speedups.append(m["speedup"] if ok else None)
+            if sent.forecast is not None and ok and sent.forecast.probs is not None:  # a label for the gate
+                self.labels.append((sent.forecast, bins.speedup_to_bin(m["speedup"])))
             if ok:
-                children[parent.id].append((cid, code, self.reward(m), {"result": _brief(m)}))
-                self._row(cid, code, m, "parent_edit")
+                children[sent.parent.id].append(Child(sent.id, sent.code, self.reward(m), {"result": _brief(m)}))
+                self._row(sent.id, sent.code, m, "parent_edit")
                 self.best = max(self.best, m["speedup"])
             else:
-                t.failed_measurements += 1
-                parent.info["last_failure"] = _brief(m)
-            self.curve.append((n, self.best))
+                stats.failed_measurements += 1
+                sent.parent.info["last_failure"] = _brief(m)
+            self.curve.append((sent.number, self.best))
         self.in_flight = []
 
     def update(self, step, parents, children, t_start):
         """6. The children enter the archive (PUCT's visit counts grow), the step is logged and the
         outputs are rewritten."""
-        kept = {pid: self.archive.expand(pid, kids, step=step) for pid, kids in children.items()}
-        self.tally.steps += 1
-        self.log.note("step", f"step{step}", step, None, {
+        kept = {pid: self.archive.expand(pid, offered, step=step) for pid, offered in children.items()}
+        self.stats.steps += 1
+        self.log.note("step", f"step{step}", step, None, {                 # plumbing: resume
             "parents": parents, "kept": kept, "best_speedup": self.best,
-            "measurements": self.tally.measurements, "archive_size": len(self.archive.nodes)})
+            "measurements": self.stats.measurements, "archive_size": len(self.archive.nodes)})
         self._write_outputs(t_start)
 
     def _row(self, node_id, code, m, pair_type):
@@ -464,6 +476,15 @@ class Search:
         self.rows.append(training_row(self.args.task, run, node_id, self.seed_code, code, m, pair_type))
 
     # ==== plumbing: the event log and its replay, the expensive calls, the outputs ================
+
+    def logged(self, kind, request_id, step, parent, work, *work_args):
+        """work(*work_args)'s result, logged as `kind` under request_id: when an earlier run of this
+        --out logged it, that result, and the work is not done again (a resume). A measurement
+        runs while the search goes on: its result is a Future, logged the moment it arrives."""
+        parent_id = parent.id if parent is not None else None
+        if kind == "measurement":
+            return self.log.submit(kind, request_id, step, parent_id, lambda: work(*work_args))
+        return self.log.call(kind, request_id, step, parent_id, lambda: work(*work_args))
 
     def _open_log(self):
         """Open the event log and claim it for these options (one log holds one search: a rerun
@@ -489,46 +510,43 @@ class Search:
         logged = {f.name: getattr(self.args, f.name) for f in fields(self.args) if f.metadata.get("logged")}
         return logged | {"forecaster": self.forecaster_name}
 
-    def _mutate(self, parent, n, seen, step, k):
-        t = time.perf_counter()
-        cands = self.mutator.propose(parent, n, set(seen), f"{self.args.seed}/{step}/{k}")
-        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - t}
+    def _mutate(self, parent, step, k):
+        started = time.perf_counter()
+        cands = self.mutator.propose(parent, self.args.mutations, set(self.seen), f"{self.args.seed}/{step}/{k}")
+        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - started}
 
     def _forecast(self, codes):
-        t = time.perf_counter()
+        started = time.perf_counter()
         # Ansor's loop: an online surrogate refits on every kernel measured so far. Only a live
         # forecast gets here; a replay answers from the log and never refits.
         if self.online:
             self.forecaster.learn(self.rows)
-        fs = self.forecaster.forecast_many(self.args.task, self.seed_code, codes)
-        views = [{"parse_failed": bool(f.parse_failed), "deferred": bool(getattr(f, "deferred", False)),
-                  "probs": None if f.probs is None else [float(p) for p in f.probs],
-                  "record": f.to_dict()} for f in fs]
-        return {"forecasts": views, "seconds": time.perf_counter() - t}
+        forecasts = self.forecaster.forecast_many(self.args.task, self.seed_code, codes)
+        return {"forecasts": [forecast_to_log(f) for f in forecasts], "seconds": time.perf_counter() - started}
 
     def _send(self, code):
         return self.pool.submit(self.args.task, code, **self.measure_kwargs)
 
     def summary(self, t_start):
-        t, best = self.tally, self.archive.best()
+        stats, best = self.stats, self.archive.best()
         return {
             "task": self.args.task, "gate": self.args.gate, "seed": self.args.seed,
             "protocol": self.args.protocol,
             "mutator": self.args.mutator, "forecaster": self.forecaster_name or None,
-            "budget": self.args.budget, "steps": t.steps, "measurements": t.measurements,
-            "seed_measurements": 1, "candidates_proposed": t.proposed,
-            "candidates_considered": t.considered, "failed_mutations": t.failed_mutations,
-            "duplicates": t.duplicates, "forecasts": t.forecasts, "skipped": t.skipped,
-            "forecast_rewards": t.forecast_rewards,
-            "skipped_by_reason": t.skipped_by_reason, "failed_measurements": t.failed_measurements,
-            "fast_1": metrics.fast_p(t.speedups, 1.0), "target_bin": self.args.target_bin,
+            "budget": self.args.budget, "steps": stats.steps, "measurements": stats.measurements,
+            "seed_measurements": 1, "candidates_proposed": stats.proposed,
+            "candidates_considered": stats.considered, "failed_mutations": stats.failed_mutations,
+            "duplicates": stats.duplicates, "forecasts": stats.forecasts, "skipped": stats.skipped,
+            "forecast_rewards": stats.forecast_rewards,
+            "skipped_by_reason": stats.skipped_by_reason, "failed_measurements": stats.failed_measurements,
+            "fast_1": bins.fast_p(stats.speedups, 1.0), "target_bin": self.args.target_bin,
             "training_rows": len(self.rows), "best_speedup": best.info["result"]["speedup"],
             "best_reward": best.reward, "best_node": best.id,
             "seed_speedup": self.archive.nodes["seed"].info["result"]["speedup"],
             "archive_size": len(self.archive.nodes),
             "best_vs_measurements": self.curve,
-            "time_s": {"mutation": round(t.mutation_s, 3), "forecast": round(t.forecast_s, 3),
-                       "measurement": round(t.measurement_s, 3),
+            "time_s": {"mutation": round(stats.mutation_s, 3), "forecast": round(stats.forecast_s, 3),
+                       "measurement": round(stats.measurement_s, 3),
                        "this_run_wall": round(time.time() - t_start, 3)},
         }
 
@@ -562,6 +580,20 @@ def _brief(m):
     return {k: m.get(k) for k in ("status", "speedup", "cases", "message")}
 
 
+def forecast_to_log(f):
+    """What the event log keeps of a forecast: what the gate reads (probabilities, a parse failure,
+    a deferral) and the forecaster's full record."""
+    return {"parse_failed": bool(f.parse_failed), "deferred": bool(getattr(f, "deferred", False)),
+            "probs": None if f.probs is None else [float(p) for p in f.probs], "record": f.to_dict()}
+
+
+def forecast_from_log(entry):
+    """The Forecast the gate reads, from a logged forecast: live and replayed runs read the same log."""
+    probs = entry["probs"]
+    return Forecast(probs=probs, parse_failed=entry["parse_failed"], deferred=entry.get("deferred", False),
+                    predicted_bin=None if probs is None else bins.predicted_bin(probs))
+
+
 def _progress(total, enabled):
     from tqdm import tqdm
     return tqdm(total=total, desc="measurements", unit="kernel", disable=not enabled, file=sys.stderr)
@@ -569,19 +601,19 @@ def _progress(total, enabled):
 
 # ---- the command line -------------------------------------------------------------------------
 
-def run_one(args, gate, out, env, say=print):
+def run_one(args, gate, out, plan, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     args = with_protocol_defaults(replace(
-        args, gate=gate, budget=env.budget, scale=env.scale, mutator=env.mutator_name,
-        mutations=args.mutations or (4 if gate == "none" else env.gated_mutations),
+        args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name,
+        mutations=args.mutations or (4 if gate == "none" else plan.gated_mutations),
         forecast_reward=args.forecast_reward and gate != "none"))
     say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
         f"budget {args.budget} measurements, {args.steps} steps x {args.parents} parents, "
         f"{args.keep_children} children kept per parent -> {out}")
-    search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=env.mutator,
-                    pool=env.pool, forecaster=env.forecaster,
-                    forecaster_name=env.forecaster_name if gate != "none" else "",
-                    measure_kwargs=env.measure_kwargs, llm_waits=env.llm_waits, online=env.online and gate != "none",
+    search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=plan.mutator,
+                    pool=plan.pool, forecaster=plan.forecaster,
+                    forecaster_name=plan.forecaster_name if gate != "none" else "",
+                    measure_kwargs=plan.measure_kwargs, llm_waits=plan.llm_waits, online=plan.online and gate != "none",
                     progress=not args.no_progress, say=say)
     return search.run()
 
@@ -595,14 +627,14 @@ def _report(s):
 
 
 def main(argv=None):
-    env, interrupted = None, False
+    plan, interrupted = None, False
     try:
         args = parse_args(argv)
-        env = setup(args)
+        plan = plan_search(args)
         if args.compare:
             gate = args.gate if args.gate != "none" else "topk"
             out = Path(args.out or f"runs/{tasks.task_label(args.task)}-compare-{args.seed}")
-            results = {arm: run_one(args, g, out / arm, env) for arm, g in (("ungated", "none"), ("gated", gate))}
+            results = {arm: run_one(args, g, out / arm, plan) for arm, g in (("ungated", "none"), ("gated", gate))}
             print(f"{'':10}{'considered':>12}{'measured':>10}{'skipped':>9}{'best':>9}")
             for arm, s in results.items():
                 print(f"{arm:10}{s['candidates_considered']:>12}{s['measurements']:>10}{s['skipped']:>9}"
@@ -613,7 +645,7 @@ def main(argv=None):
             # a cost-model search gets a folder of its own: the same command with the LLM's is another run
             arm = args.gate + ("-costmodel" if args.forecaster == "costmodel" else "")
             out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{arm}-{args.seed}")
-            summary = run_one(args, args.gate, out, env)
+            summary = run_one(args, args.gate, out, plan)
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
                   "training_rows.jsonl best_speedup.png")
@@ -625,8 +657,8 @@ def main(argv=None):
         print("search.py: interrupted; rerun the same command to resume from its events.jsonl", file=sys.stderr)
         return 130
     finally:
-        if env is not None:  # measurements in flight when a search fails still finish and are logged
-            env.pool.close(wait=not interrupted)
+        if plan is not None:  # measurements in flight when a search fails still finish and are logged
+            plan.pool.close(wait=not interrupted)
     return 0
 
 

@@ -1,30 +1,33 @@
 """search_setup.py: how a search is set up on the machine it runs on.
 
-search.py's algorithm takes a mutator, a forecaster and measurement settings; this module picks
-them for this machine from the command line's options, and says at start-up what it picked and
-why, so a plain `python search.py --task cross_entropy` runs anywhere:
-- the measurement scale: the paper's benchmark shapes timed with CUDA events on a GPU, small
-  shapes in the Triton interpreter otherwise (CPU times, not GPU times);
-- the mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights cached on a GPU
-  machine), else the offline catalog of the task's hand-written variants and `# tune:` edits;
-- the forecaster (with a gate): a server, a local model with or without a LoRA adapter (the
-  mutator's model with the adapter is the same weights, switched: one copy in memory), or the
-  embedded SmolLM2, which cannot judge kernels but exercises the pipeline; its prompt is the
-  protocol's, the abstain tool offered with --abstain, a failed forecast retried --parse-retries
-  times; or, with --forecaster costmodel, a learned cost model that the search refits online;
-- the budget and the mutations per parent, smaller without an LLM or a GPU;
-- the sandbox: checked at start-up, not at the first measurement minutes later;
-- where measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N
-  workers on CPU (--workers), or tasks on a Ray cluster (--ray), whose devices then decide the
-  scale;
-- the GPU's memory: a local LLM and the measure workers (a reference and a candidate, each holding
-  a block of the task's inputs) share it; if they cannot fit, say so at start-up with what to change.
-Models are named and checked here but built on first use (Lazy): a resumed run whose requests
-are all answered from its event log builds none.
+search.py's algorithm takes a mutator, a forecaster and measurement settings; plan_search picks
+them for this machine from the command line's options, one named choice at a time, and says at
+start-up what it picked and why, so a plain `python search.py --task cross_entropy` runs anywhere:
+- choose_measurement: the measurement scale: the paper's benchmark shapes timed with CUDA events
+  on a GPU, small shapes in the Triton interpreter otherwise (CPU times, not GPU times); and where
+  measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N workers on
+  CPU (--workers), or tasks on a Ray cluster (--ray), whose devices then decide the scale;
+- choose_llm, choose_mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights
+  cached on a GPU machine), else the offline catalog of the task's hand-written variants and
+  `# tune:` edits;
+- choose_forecaster (with a gate), from a small table of (condition, name, builder): a server, a local model with
+  or without a LoRA adapter (the mutator's model with the adapter is the same weights, switched:
+  one copy in memory), or the embedded SmolLM2, which cannot judge kernels but exercises the
+  pipeline; its prompt is the protocol's, the abstain tool offered with --abstain, a failed
+  forecast retried --parse-retries times; or, with --forecaster costmodel, a learned cost model
+  that the search refits online;
+- choose_budget: the budget and the mutations per parent, smaller without an LLM or a GPU;
+- check_sandbox: the sandbox, checked at start-up, not at the first measurement minutes later;
+- choose_pool: the GPU's memory: a local LLM and the measure workers (a reference and a
+  candidate, each holding a block of the task's inputs) share it; if they cannot fit, say so at
+  start-up with what to change; then the measure workers, and whether the LLM waits for them.
+Models are named and checked here but built on first use (LazyBackend, LazyForecaster: get()
+builds): a resumed run whose requests are all answered from its event log builds none.
 """
 import functools
 from dataclasses import dataclass
 
+from models import forecaster_backends as backends
 from models.costmodel import CostModelForecaster
 from forecast_prompt import hardware_info
 from forecaster import Forecaster
@@ -40,13 +43,13 @@ class SetupError(Exception):
 
 
 @dataclass
-class Setup:
-    """What setup() chose for this machine. The models are named here and built on first use."""
+class Plan:
+    """What plan_search() chose for this machine. The models are named here and built on first use."""
     scale: str               # "benchmark" or "cpu"
     budget: int              # candidate measurements
-    mutator: object          # LLMMutator or CatalogMutator
+    mutator: object          # LLMMutator (over a LazyBackend) or CatalogMutator
     mutator_name: str        # "llm:<model>" or "catalog", as the event log records it
-    forecaster: object       # a Lazy Forecaster, or None without a gate
+    forecaster: object       # a LazyForecaster, a CostModelForecaster, or None without a gate
     forecaster_name: str     # "" without a gate
     gated_mutations: int     # mutations per parent with a gate (--mutations unless set)
     measure_kwargs: dict     # scale, sandbox and timeout for measure.measure
@@ -55,54 +58,89 @@ class Setup:
     online: bool = False     # the forecaster learns from the search's measurements (the cost model)
 
 
-class Lazy:
-    """A model built on its first use, not at start-up. Loading one takes ~40 s (the embedded
-    SmolLM2 on a CPU) to minutes (GPT-OSS-20B); a resumed run whose requests are all answered from
-    its event log never uses it, so never pays that."""
+# ---- models built on their first use --------------------------------------------------------------
+
+class BuiltOnFirstUse:
+    """A model built on its first use, not at start-up: get() builds it once. Loading one takes
+    ~40 s (the embedded SmolLM2 on a CPU) to minutes (GPT-OSS-20B); a resumed run whose requests
+    are all answered from its event log never uses it, so never pays that."""
 
     def __init__(self, build):
         self._build, self._built = build, None
 
-    def __getattr__(self, name):  # only called for attributes Lazy itself lacks
-        if name.startswith("_"):
-            raise AttributeError(name)
+    def get(self):
         if self._built is None:
             try:
                 self._built = self._build()
             except ModelNotFound as e:
                 raise SetupError(str(e)) from None
-        return getattr(self._built, name)
+        return self._built
 
 
-def setup(args, say=print):
-    """Pick the scale, the mutator and the forecaster for this machine, and say what was chosen."""
+class LazyBackend(BuiltOnFirstUse):
+    """An LLM backend (forecaster_backends.py) built on the mutator's first generate()."""
+
+    def generate(self, conversations, **kwargs):
+        return self.get().generate(conversations, **kwargs)
+
+
+class LazyForecaster(BuiltOnFirstUse):
+    """A Forecaster built on the search's first forecast_many()."""
+
+    def forecast_many(self, task, anchor_code, codes):
+        return self.get().forecast_many(task, anchor_code, codes)
+
+
+# ---- the plan: a few named choices ------------------------------------------------------------------
+
+def plan_search(args, say=print):
+    """Pick the scale, the mutator, the forecaster, the budget and where measurements run for this
+    machine, and say what was chosen."""
+    paper = args.protocol == "paper"
+    say(f"protocol: {args.protocol}" + (" (the original's search: its forecast prompt, 4 children kept per "
+        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
+        else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
+    scale, has_gpu, where = choose_measurement(args, say)
+    gated = args.gate != "none" or args.compare
+    costmodel = gated and args.forecaster == "costmodel"
+    llm = choose_llm(args, gated, costmodel)
+    mutator, mutator_name = choose_mutator(args, llm, say)
+    forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say)
+    budget, gated_mutations = choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say)
+    check_sandbox(args, say)
+    pool, llm_waits = choose_pool(args, llm, scale, has_gpu, where, say)
+    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
+        {"timeout_s": args.timeout} if args.timeout else {})
+    return Plan(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
+                forecaster=forecaster, forecaster_name=forecaster_name,
+                gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
+                llm_waits=llm_waits, online=costmodel)
+
+
+def choose_measurement(args, say):
+    """(scale, has_gpu, where): the measurement scale, whether measurements run on GPUs, and where
+    they run: a Ray cluster's pool (--ray) or this machine's devices."""
     import torch
 
     import measure
     from runtime import measure_pool
-    import tasks
-    paper = args.protocol == "paper"
-    retries = int(paper) if args.parse_retries is None else args.parse_retries
-    say(f"protocol: {args.protocol}" + (" (the original's search: its forecast prompt, 4 children kept per "
-        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
-        else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     if args.ray:
         if args.devices != "all":
             raise SetupError("--ray lets Ray place each measurement on a GPU of the cluster; drop --devices")
         if args.workers is not None and args.workers < 1:
             raise SetupError(f"--workers must be at least 1, got {args.workers}")
         try:
-            ray_pool = measure_pool.RayPool(args.ray, measure.measure, workers=args.workers)  # on CPU: measurements in flight
+            where = measure_pool.RayPool(args.ray, measure.measure, workers=args.workers)  # on CPU: measurements in flight
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise SetupError(f"--ray {args.ray}: cannot reach the cluster ({str(e).splitlines()[0][:200]}); start one "
                              "with `ray start --head`, or pass --ray local") from None
-        has_gpu = ray_pool.device == "cuda"
-        say(f"measurement: Ray cluster ({args.ray}), {len(ray_pool)} {'GPUs' if has_gpu else 'CPUs'}, one task per "
-            "measurement" + (f"; {ray_pool.note}" if ray_pool.note else ""))
+        has_gpu = where.device == "cuda"
+        say(f"measurement: Ray cluster ({args.ray}), {len(where)} {'GPUs' if has_gpu else 'CPUs'}, one task per "
+            "measurement" + (f"; {where.note}" if where.note else ""))
     else:
         has_gpu = torch.cuda.is_available()
         try:
-            devices = measure_pool.pool_devices(args.devices, args.workers)
+            where = measure_pool.pool_devices(args.devices, args.workers)
         except ValueError as e:
             raise SetupError(str(e)) from None
     scale = args.scale or ("benchmark" if has_gpu else "cpu")
@@ -111,102 +149,132 @@ def setup(args, say=print):
     say(f"measurement: {scale} scale" + ("" if scale == "benchmark" else
         " (Triton interpreter on small shapes, CPU times, NOT GPU times; on a GPU machine "
         "the paper's benchmark shapes are timed with CUDA events)"))
+    return scale, has_gpu, where
 
-    # Models are named and checked here but loaded on first use (Lazy): a resumed run may need none.
-    from models import forecaster_backends as b
 
-    def local_model(name):  # a named model must be here: fail at start-up, not at the first use
-        try:
-            return b.pick_local_model(name)
-        except ModelNotFound as e:
-            raise SetupError(str(e)) from None
-    llm, llm_name, adapted = None, None, None
-    gated = args.gate != "none" or args.compare
-    costmodel = gated and args.forecaster == "costmodel"
+@dataclass
+class LLMChoice:
+    """The language models of a search, named now and built on first use."""
+    backend: LazyBackend | None = None  # the search's LLM (--server or a local model), or none
+    name: str | None = None
+    adapted: object = None              # the local model with --adapter on, built once (a function)
+    mutator_backend: LazyBackend | None = None  # the mutator's LLM: the search's, or --mutator-server's
+    mutator_name: str | None = None
+
+
+def local_model(name):
+    """A named local model must be here: fail at start-up, not at its first use."""
+    try:
+        return backends.pick_local_model(name)
+    except ModelNotFound as e:
+        raise SetupError(str(e)) from None
+
+
+def choose_llm(args, gated, costmodel):
+    """The search's LLM: a server, a local model (with --adapter, one copy of the weights: the
+    forecaster with the adapter, the mutator without it), or none; and the mutator's, which may be
+    another model on another server (the paper: a hosted mutator, GPT-OSS-20B forecasting)."""
     if costmodel:
         llm_only = [f"--{k.replace('_', '-')}" for k in ("forecaster_model", "adapter", "readout", "abstain")
                     if getattr(args, k)]
         if llm_only:
             raise SetupError(f"{', '.join(llm_only)} configure the LLM forecaster, which --forecaster costmodel "
                              "replaces; drop them")
+    llm = LLMChoice()
     want_llm = args.mutator != "catalog" or (gated and not costmodel)
     if args.server:
-        llm = Lazy(lambda: b.OpenAIServerBackend(args.server, model=args.server_model))
-        llm_name = f"{args.server_model} at {args.server}"
+        llm.backend = LazyBackend(lambda: backends.OpenAIServerBackend(args.server, model=args.server_model))
+        llm.name = f"{args.server_model} at {args.server}"
     elif args.model or (want_llm and not args.mutator_server):
-        llm_name = local_model(args.model)
-        if llm_name and args.adapter and gated and not args.forecaster_model:
-            # one copy of the weights: the forecaster with the adapter, the mutator without it
-            adapted = functools.cache(lambda: b.TransformersBackend(llm_name, adapter=args.adapter,
-                                                                       device=args.llm_device))
-            llm = Lazy(lambda: adapted().without_adapter())
-        elif llm_name:
-            llm = Lazy(lambda: b.TransformersBackend(llm_name, device=args.llm_device))
-    # the mutator may be another model on another server (the paper: a hosted mutator, GPT-OSS-20B
-    # forecasting); by default the forecaster's model mutates too
-    mutator_llm, mutator_llm_name = llm, llm_name
+        llm.name = local_model(args.model)
+        if llm.name and args.adapter and gated and not args.forecaster_model:
+            llm.adapted = functools.cache(lambda: backends.TransformersBackend(llm.name, adapter=args.adapter,
+                                                                               device=args.llm_device))
+            llm.backend = LazyBackend(lambda: llm.adapted().without_adapter())
+        elif llm.name:
+            llm.backend = LazyBackend(lambda: backends.TransformersBackend(llm.name, device=args.llm_device))
+    # by default the forecaster's model mutates too
+    llm.mutator_backend, llm.mutator_name = llm.backend, llm.name
     if args.mutator_server or args.mutator_model:
         url, name = args.mutator_server or args.server, args.mutator_model or args.server_model
         if url is None:
             raise SetupError("--mutator-model names a model on a server: pass --mutator-server URL (or --server URL)")
-        mutator_llm, mutator_llm_name = Lazy(lambda: b.OpenAIServerBackend(url, model=name)), f"{name} at {url}"
+        llm.mutator_backend = LazyBackend(lambda: backends.OpenAIServerBackend(url, model=name))
+        llm.mutator_name = f"{name} at {url}"
+    return llm
 
-    description = tasks.get_task(args.task).DESCRIPTION
-    if args.mutator == "llm" and mutator_llm is None:
+
+def choose_mutator(args, llm, say):
+    """(mutator, its name): the LLM mutator when there is an LLM to mutate with, else the offline
+    catalog."""
+    import tasks
+    if args.mutator == "llm" and llm.mutator_backend is None:
         raise SetupError("--mutator llm needs a model: pass --server URL, --mutator-server URL or --model NAME")
-    if mutator_llm is not None and args.mutator != "catalog":
-        mutator = LLMMutator(mutator_llm, description, target_bin=args.target_bin)
-        mutator_name = f"llm:{mutator_llm_name}"
-        say(f"mutator: LLM {mutator_llm_name}")
-    else:
-        variants = tasks.variant_sources(args.task)
-        mutator, mutator_name = CatalogMutator(variants), "catalog"
-        why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
-            "no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU "
-            f"machine with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
-        what = ("the task's hand-written variants and `# tune:` edits" if variants else
-                "no hand-written variants for this task: only `# tune:` edits of the kernels it has")
-        say(f"mutator: offline catalog ({what}): {why}")
+    if llm.mutator_backend is not None and args.mutator != "catalog":
+        say(f"mutator: LLM {llm.mutator_name}")
+        return (LLMMutator(llm.mutator_backend, tasks.get_task(args.task).DESCRIPTION, target_bin=args.target_bin),
+                f"llm:{llm.mutator_name}")
+    variants = tasks.variant_sources(args.task)
+    why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
+        "no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU "
+        f"machine with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
+    what = ("the task's hand-written variants and `# tune:` edits" if variants else
+            "no hand-written variants for this task: only `# tune:` edits of the kernels it has")
+    say(f"mutator: offline catalog ({what}): {why}")
+    return CatalogMutator(variants), "catalog"
 
-    forecaster, forecaster_name = None, ""
+
+def choose_forecaster(args, llm, gated, costmodel, scale, say):
+    """(forecaster, its name): none without a gate, the online cost model with --forecaster
+    costmodel, else a Forecaster over the model of the first row of `choices` that holds, built on
+    first use."""
+    if not gated:
+        return None, ""
+    # the candidates are measured here: the forecaster is shown this machine (its GPU, or the CPU
+    # profile at CPU scale), as the training rows the search writes will show it
+    hardware = hardware_info() if scale == "benchmark" else hardware_info("cpu")
     if costmodel:
-        # cheap to build (no model until it has labels), so not Lazy: the search hands it its rows
+        # cheap to build (no model until it has labels), so not lazy: the search hands it its rows
         n = args.costmodel_min_labels
-        forecaster = CostModelForecaster(hardware=hardware_info() if scale == "benchmark" else hardware_info("cpu"),
-                                         online=True, min_labels=n, seed=args.seed, name="costmodel (online)")
-        forecaster_name = f"costmodel (online, LightGBM, gates from {n} labels)"
+        forecaster = CostModelForecaster(hardware=hardware, online=True, min_labels=n, seed=args.seed,
+                                         name="costmodel (online)")
         say(f"forecaster: learned cost model (LightGBM trees on features of the code), refit on this search's "
             f"measured kernels before each forecast; until it has {n} of them (the seed's included) it defers "
             "every child to measurement (--costmodel-min-labels)"
             + ("; its labels are CPU times of interpreted kernels, not GPU times" if scale == "cpu" else ""))
-    elif gated:
-        if args.forecaster_model:
-            local_model(args.forecaster_model)
-            fname, build = args.forecaster_model, lambda: b.TransformersBackend(
-                args.forecaster_model, adapter=args.adapter, device=args.llm_device)
-        elif args.server and args.adapter:  # the server serves the adapter under the name --adapter gives
-            fname, build = llm_name, lambda: b.OpenAIServerBackend(args.server, model=args.adapter, adapter=args.adapter)
-        elif adapted is not None:  # the mutator's weights, with the adapter on
-            fname, build = llm_name, adapted
-        elif llm is not None:  # the mutator's model forecasts too
-            fname, build = llm_name, lambda: llm
-        else:
-            fname, build = "embedded SmolLM2-135M", lambda: b.embedded_backend(dtype=args.embedded_dtype)
-        embedded = fname.startswith("embedded")
-        readout = args.readout or ("logits" if embedded and not args.abstain else "verbalized")
-        if args.abstain and readout != "verbalized":
-            raise SetupError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
-        # the candidates are measured here: the forecaster is shown this machine (its GPU, or the
-        # CPU profile at CPU scale), as the training rows the search writes will show it
-        hardware = hardware_info() if scale == "benchmark" else hardware_info("cpu")
-        forecaster = Lazy(lambda: Forecaster(build(), readout=readout, hardware=hardware, protocol=args.protocol,
-                                             abstain=args.abstain, parse_retries=retries))
-        forecaster_name = f"{fname} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "") \
-            + (", abstain tool" if args.abstain else "")
-        say(f"forecaster: {forecaster_name}" + (
-            ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
-            "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
+        return forecaster, f"costmodel (online, LightGBM, gates from {n} labels)"
+    choices = [  # (condition, name, builder of the backend): the first row that holds forecasts
+        (args.forecaster_model, args.forecaster_model,  # a different local model
+         lambda: backends.TransformersBackend(args.forecaster_model, adapter=args.adapter, device=args.llm_device)),
+        (args.server and args.adapter, llm.name,  # the server serves the adapter under the name --adapter gives
+         lambda: backends.OpenAIServerBackend(args.server, model=args.adapter, adapter=args.adapter)),
+        (llm.adapted is not None, llm.name, llm.adapted),  # the mutator's weights, with the adapter on
+        (llm.backend is not None, llm.name, lambda: llm.backend.get()),  # the mutator's model forecasts too
+        (True, "embedded SmolLM2-135M", lambda: backends.embedded_backend(dtype=args.embedded_dtype)),
+    ]
+    name, build = next((name, build) for holds, name, build in choices if holds)
+    if args.forecaster_model:
+        local_model(args.forecaster_model)  # its weights must be here: fail at start-up, not at the first forecast
+    embedded = name.startswith("embedded")
+    readout = args.readout or ("logits" if embedded and not args.abstain else "verbalized")
+    if args.abstain and readout != "verbalized":
+        raise SetupError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
+    retries = int(args.protocol == "paper") if args.parse_retries is None else args.parse_retries
+    forecaster = LazyForecaster(lambda: Forecaster(build(), readout=readout, hardware=hardware,
+                                                   protocol=args.protocol, abstain=args.abstain,
+                                                   parse_retries=retries))
+    forecaster_name = f"{name} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "") \
+        + (", abstain tool" if args.abstain else "")
+    say(f"forecaster: {forecaster_name}" + (
+        ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
+        "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
+    return forecaster, forecaster_name
 
+
+def choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say):
+    """(budget, mutations per parent with a gate): the paper's 320 and 16 with an LLM mutator at
+    benchmark scale (or --protocol paper), smaller on a CPU, each unless given."""
+    paper = args.protocol == "paper"
     gated_mutations = 16
     if forecaster_name.startswith("embedded") and args.mutations is None and not paper:
         gated_mutations = CPU_GATED_MUTATIONS
@@ -219,26 +287,40 @@ def setup(args, say=print):
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "
             f"GPU); the paper's search is --budget {PAPER_BUDGET} --steps 40")
+    return budget, gated_mutations
+
+
+def check_sandbox(args, say):
+    """The measurement sandbox, checked at start-up, not at the first measurement minutes later."""
     from harness import measure_sandbox
     if args.unsafe_no_sandbox:
         say("measurement sandbox: none (--unsafe-no-sandbox): candidate code runs unconfined, as you")
-    else:
-        try:  # at start-up, not at the first measurement minutes later
-            measure_sandbox.require_sandbox()
-        except measure_sandbox.SandboxUnavailable as e:
-            raise SetupError(str(e)) from None
-    local = [m for m in (llm_name if llm is not None and not args.server else None, args.forecaster_model) if m]
-    if scale == "benchmark" and local and not args.ray:
-        devices = place_local_llm(args, devices, say)
-    if scale == "benchmark" and not args.no_memory_check and not args.ray:  # Ray's tasks get GPUs of their own
-        problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter), devices=devices)
-        if problem:
-            raise SetupError(problem)
-    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
-        {"timeout_s": args.timeout} if args.timeout else {})
+        return
+    try:
+        measure_sandbox.require_sandbox()
+    except measure_sandbox.SandboxUnavailable as e:
+        raise SetupError(str(e)) from None
+
+
+def choose_pool(args, llm, scale, has_gpu, where, say):
+    """(pool, llm_waits): a local LLM placed on a GPU and checked against the GPU's memory, then
+    the measure workers; and whether the LLM waits for the measurements in flight."""
+    import torch
+
+    import measure
+    from runtime import measure_pool
+    local = [m for m in (llm.name if llm.backend is not None and not args.server else None, args.forecaster_model)
+             if m]
     if args.ray:
-        pool = ray_pool
+        pool = where  # Ray's tasks get GPUs of their own
     else:
+        devices = where
+        if scale == "benchmark" and local:
+            devices = place_local_llm(args, devices, say)
+        if scale == "benchmark" and not args.no_memory_check:
+            problem = gpu_memory_problem(args.task, local, args.llm_device, bool(args.adapter), devices=devices)
+            if problem:
+                raise SetupError(problem)
         pool = measure_pool.MeasurePool(devices, measure.measure)
         say(f"measurement workers: {', '.join(pool.names)}" + (f" ({pool.note})" if pool.note else
             " (one candidate at a time on each GPU)" if has_gpu else " (--workers N for more)"))
@@ -256,10 +338,7 @@ def setup(args, say=print):
         llm_waits = True
         say(f"note: the server at {shared[0]} shares this machine's one GPU with the measurements: the search "
             "waits for those in flight before each of its calls, so nothing overlaps there")
-    return Setup(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
-                 forecaster=forecaster, forecaster_name=forecaster_name,
-                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
-                 llm_waits=llm_waits, online=costmodel)
+    return pool, llm_waits
 
 
 def local_url(url):
@@ -312,7 +391,7 @@ def place_local_llm(args, devices, say):
     disturbs the timing (the search mutates and forecasts the next parent while this one's
     children are measured). With several GPUs the LLM gets one of its own, the last unless
     --llm-device names it, and the measurements the others (unless --devices names them); with
-    one GPU they share it, the LLM waiting for the measurements in flight (Setup.llm_waits), and
+    one GPU they share it, the LLM waiting for the measurements in flight (Plan.llm_waits), and
     the start-up notes say so. Sets args.llm_device; returns the
     measurement devices."""
     import torch

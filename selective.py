@@ -10,8 +10,9 @@ predicted bin is the true bin):
    risk-coverage curve (coverage = trusted / all rows, risk = bin-mismatch rate among trusted);
    AURC is its area; selective_risk reads the curve at one coverage;
 3. a threshold with a guarantee: Geifman & El-Yaniv's selection with guaranteed risk (SGR, 2017),
-   the threshold whose true risk stays below a target with probability 1 - delta. forecaster.py's
-   Gate.from_labelled learns the gate's threshold with it (the search's confidence gate).
+   the threshold whose true risk stays below a target with probability 1 - delta. gate.py's
+   Gate.from_labelled learns the gate's threshold with it (the search's confidence gate); the
+   threshold's use, trust or defer, is gate.py's.
 """
 import math
 

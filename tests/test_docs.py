@@ -10,7 +10,7 @@ and a written default equal to the code's (a literal, or a name of the module su
 `BUDGETS_PCT`; `=...` says "a default, not spelled out here"). A method's `self` is left out. A
 trailing `...` stands for further parameters that all have defaults, so a call written from the
 doc still works. An optional ` -> result` after the list is prose. In ARCHITECTURE.md a
-signature must name its module (`forecaster.Gate(...)`, never `Gate(...)`), so that none escapes
+signature must name its module (`gate.Gate(...)`, never `Gate(...)`), so that none escapes
 the check. The other docs are checked for names only: their parentheses hold calls, not
 signatures. A name of a module that has moved into a package, still given where it was, fails.
 

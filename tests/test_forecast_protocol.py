@@ -9,6 +9,7 @@ import pytest
 import forecaster as F
 from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 from forecast_answer import parse_answer
+from gate import Gate
 from forecast_prompt import (DEFER_TOOL, DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME, answer_tools,
                              build_messages, forecast_tool, hardware_info, shared_messages)
 from models.forecaster_backends import Completion, OpenAIServerBackend
@@ -84,7 +85,7 @@ def test_a_deferral_is_parsed_as_a_deferral_not_a_failure():
     f = parse_answer(call({"reason": "Both kernels call the same library routine."}, DEFER_TOOL_NAME))
     assert f.deferred and not f.parse_failed and f.probs is None and f.reasoning.startswith("Both kernels")
     assert f.confidence() is None and f.expected_bin is None
-    assert F.Gate("maxprob", 0.0).decide(f) == "defer"  # even a gate that trusts everything
+    assert Gate("maxprob", 0.0).decide(f) == "defer"  # even a gate that trusts everything
     blank = parse_answer(call({"reason": " "}, DEFER_TOOL_NAME))
     assert blank.parse_failed and "without a reason" in blank.parse_error
     # the last complete call wins, whichever tool it calls

@@ -1,4 +1,4 @@
-"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the gate, the CLI and
+"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the gate (gate.py), the CLI and
 --eval (also on the paper's discovery pairs: tests/fixtures/paper_discovery_pairs.jsonl is hand-made,
 real kernels of tasks/kernels, invented speedups)."""
 import json
@@ -10,6 +10,7 @@ import pytest
 import forecaster
 import forecaster as F
 import metrics
+from gate import Gate
 from data.dataset import load_rows
 from forecast_answer import Forecast, failure
 from forecast_prompt import build_messages, shared_messages
@@ -28,13 +29,13 @@ def test_gate_decisions():
     sure = Forecast(probs=[0, 0, 0, 0.05, 0.9, 0.05, 0, 0], predicted_bin=5)
     unsure = Forecast(probs=[0.125] * 8, predicted_bin=1)
     failed = failure("bad JSON")
-    gate = F.Gate("maxprob", 0.5)
+    gate = Gate("maxprob", 0.5)
     assert [gate.decide(f) for f in (sure, unsure, failed)] == ["trust", "defer", "defer"]
-    assert F.Gate("entropy", 0.5).decide(sure) == "trust" and F.Gate("entropy", 0.5).decide(unsure) == "defer"
-    assert F.Gate("margin", 0.9).decide(sure) == "defer" and F.Gate("margin", 0.8).decide(sure) == "trust"
-    assert F.Gate("maxprob", 0.0).decide(failed) == "defer"
+    assert Gate("entropy", 0.5).decide(sure) == "trust" and Gate("entropy", 0.5).decide(unsure) == "defer"
+    assert Gate("margin", 0.9).decide(sure) == "defer" and Gate("margin", 0.8).decide(sure) == "trust"
+    assert Gate("maxprob", 0.0).decide(failed) == "defer"
     with pytest.raises(ValueError):
-        F.Gate("variance", 0.5)
+        Gate("variance", 0.5)
 
 
 def test_gate_from_labelled_meets_target_risk():
@@ -48,11 +49,11 @@ def test_gate_from_labelled_meets_target_risk():
         truth.append(5 if conf > 0.6 else 2)
     forecasts.append(failure("no answer"))
     truth.append(5)
-    gate = F.Gate.from_labelled(forecasts, truth, target_risk=0.1, delta=0.05)
+    gate = Gate.from_labelled(forecasts, truth, target_risk=0.1, delta=0.05)
     trusted = [(f, y) for f, y in zip(forecasts, truth) if gate.decide(f) == "trust"]
     risk = sum(f.predicted_bin != y for f, y in trusted) / len(trusted)
     assert 0.5 < gate.threshold < 0.9 and len(trusted) > 100 and risk < 0.1
-    always_wrong = F.Gate.from_labelled(forecasts[:200], [1] * 200, target_risk=0.1, delta=0.05)
+    always_wrong = Gate.from_labelled(forecasts[:200], [1] * 200, target_risk=0.1, delta=0.05)
     assert always_wrong.threshold == math.inf and always_wrong.decide(forecasts[199]) == "defer"
 
 

@@ -2,7 +2,7 @@
 measurements, outputs and command line.
 
 Most tests run the search with scripted collaborators (a fake measure function, a scripted
-forecaster, deterministic mutators), so they need neither a GPU nor an LLM; test_search_gate.py,
+forecaster, deterministic mutators), so they need neither a GPU nor an LLM; test_gate.py,
 test_search_protocol.py, test_measure_pool.py and test_records.py use them too. The end-to-end
 tests run the real main command on CPU: one with real measurements, then its resume; one gated,
 with a fake embedded forecaster, to check that resuming a finished run loads no model.
@@ -21,7 +21,7 @@ import search
 from runtime.measure_pool import MeasurePool
 from mutators import LLMMutator
 from search import Args, Search, SearchError
-from search_setup import Setup
+from search_setup import Plan
 from test_mutators import RecordingBackend
 
 
@@ -581,10 +581,10 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
 def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypatch, capsys):
     pytest.importorskip("measure")
     measure = BitMeasure()
-    env = Setup(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
+    plan = Plan(scale="cpu", mutator=BitMutator(), mutator_name="bits", forecaster=ScriptedForecaster(ones_forecast),
                 forecaster_name="scripted", budget=8, gated_mutations=12, measure_kwargs={},
                 pool=MeasurePool(["cpu"], measure))
-    monkeypatch.setattr(search, "setup", lambda args, say=print: env)
+    monkeypatch.setattr(search, "plan_search", lambda args, say=print: plan)
     monkeypatch.setattr("measure.measure", measure)
     monkeypatch.setattr("tasks.seed_source", lambda name: "0" * 16 + "\n")
     out = tmp_path / "cmp"
@@ -634,7 +634,7 @@ def test_target_bin_needs_the_ungated_search(capsys):
 
 
 def test_fast_1_is_the_share_of_candidates_correct_and_faster(tmp_path):
-    from metrics import fast_p
+    from bins import fast_p
     assert fast_p([2.0, 1.0, None, 0.5]) == 0.25 and fast_p([]) is None and fast_p([3.0, None], 2.5) == 0.5
 
     class Mixed(BitMeasure):  # speedup 0.4 + 0.4 * ones (0.8x, 1.2x ...); a last bit of 1 fails to compile

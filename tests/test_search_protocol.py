@@ -15,7 +15,7 @@ import search
 from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, TOOL_NAME
 from search import SearchError, parse_args
-from search_gate import forecast_speedup, rank_key
+from gate import forecast_speedup, rank_key
 from forecast_answer import Forecast
 from test_search import BitMeasure, FakeMeasurement, ScriptedForecaster, peaked, run
 

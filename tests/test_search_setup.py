@@ -1,4 +1,4 @@
-"""Tests of search_setup.py: the models and servers a search uses, the LLM's GPU and memory beside the workers."""
+"""Tests of search_setup.py (plan_search): the models and servers a search uses, the LLM's GPU and memory beside the workers."""
 import copy
 
 import pytest
@@ -36,9 +36,9 @@ def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_p
              ["cuda:0"], True),
             (1, ["--server", "http://gpu-box.example:8000/v1"], ["cuda:0"], False)]:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-        env = search_setup.setup(search.parse_args(base + flags), say=lambda *a: None)
-        env.pool.close()
-        assert (env.pool.names, env.llm_waits) == (devices, waits), flags
+        plan = search_setup.plan_search(search.parse_args(base + flags), say=lambda *a: None)
+        plan.pool.close()
+        assert (plan.pool.names, plan.llm_waits) == (devices, waits), flags
 
 
 # ---- the GPU's memory: one GPU, two tenants (checked with made-up memory figures) ----------------
@@ -142,8 +142,8 @@ def test_search_loads_one_model_for_the_mutator_and_the_adapted_forecaster(tiny_
     monkeypatch.setattr(lm, "load_model", lambda *a, **k: loads.append(k) or real_load(*a, **k))
     args = cli.parse(search.Args, ["--task", "cross_entropy", "--model", str(model_dir), "--adapter",
                                    str(adapter_dir), "--unsafe-no-sandbox"])
-    env = search_setup.setup(args, say=lambda s: None)
-    mutator, forecaster = env.mutator.backend, env.forecaster.backend
+    plan = search_setup.plan_search(args, say=lambda s: None)
+    mutator, forecaster = plan.mutator.backend.get(), plan.forecaster.get().backend
     assert mutator.model is forecaster.model and len(loads) == 1 and loads[0]["dequantize"]
     assert forecaster.adapter == str(adapter_dir) and mutator.adapter is None  # forecast cache keys differ
     rows = [list(range(3, 40)), list(range(10, 30))]
@@ -171,27 +171,28 @@ def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():
     import search_setup
     args = cli.parse(search.Args, ["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1",
                                    "--adapter", "grpo-brier", "--unsafe-no-sandbox"])
-    env = search_setup.setup(args, say=lambda s: None)
-    assert env.forecaster.backend.model == "grpo-brier"
-    assert env.mutator.backend.model == lm.DEFAULT_MODEL
+    plan = search_setup.plan_search(args, say=lambda s: None)
+    assert plan.forecaster.get().backend.model == "grpo-brier"
+    assert plan.mutator.backend.get().model == lm.DEFAULT_MODEL
 
 
 # ---- the mutator on another server than the forecaster -------------------------------------------
 
 def test_the_mutator_can_be_another_model_on_another_server():
-    from search_setup import SetupError, setup
+    from search_setup import SetupError, plan_search
     said = []
     common = ["--task", "cross_entropy", "--gate", "topk", "--scale", "cpu", "--unsafe-no-sandbox"]
-    env = setup(parse_args(common + ["--server", "http://forecaster:8000/v1", "--mutator-server",
+    plan = plan_search(parse_args(common + ["--server", "http://forecaster:8000/v1", "--mutator-server",
                                      "http://hosted.example/v1", "--mutator-model", "gemini-3-flash",
                                      "--protocol", "paper"]), say=said.append)
-    assert env.mutator_name == "llm:gemini-3-flash at http://hosted.example/v1"
-    assert env.forecaster_name.startswith("openai/gpt-oss-20b at http://forecaster:8000/v1")
+    assert plan.mutator_name == "llm:gemini-3-flash at http://hosted.example/v1"
+    assert plan.forecaster_name.startswith("openai/gpt-oss-20b at http://forecaster:8000/v1")
     # built on first use (no request is sent): each backend points at its own server
-    assert env.mutator.backend.server == "http://hosted.example/v1" and env.mutator.backend.model == "gemini-3-flash"
-    assert env.forecaster.backend.server == "http://forecaster:8000/v1"
-    assert (env.forecaster.protocol, env.forecaster.parse_retries) == ("paper", 1)
-    assert env.forecaster.hardware["name"].startswith("CPU")  # measured here, at CPU scale
-    assert env.budget == 320 and any(line.startswith("protocol: paper") for line in said)
+    mutator_backend, forecaster = plan.mutator.backend.get(), plan.forecaster.get()
+    assert mutator_backend.server == "http://hosted.example/v1" and mutator_backend.model == "gemini-3-flash"
+    assert forecaster.backend.server == "http://forecaster:8000/v1"
+    assert (forecaster.protocol, forecaster.parse_retries) == ("paper", 1)
+    assert forecaster.hardware["name"].startswith("CPU")  # measured here, at CPU scale
+    assert plan.budget == 320 and any(line.startswith("protocol: paper") for line in said)
     with pytest.raises(SetupError, match="--mutator-server"):
-        setup(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)
+        plan_search(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)

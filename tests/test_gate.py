@@ -1,10 +1,11 @@
-"""Tests of search_gate.py: which children each gate mode measures, in searches with scripted collaborators."""
+"""Tests of gate.py: trust or defer, and which children each gate mode measures, in searches with scripted
+collaborators."""
 import pytest
 
 import bins
 import selective
-from forecaster import Gate
-from search_gate import as_forecast, predicts_gain
+from gate import Gate, predicts_gain
+from search import forecast_from_log
 from test_search import BitMutator, ScriptedForecaster, ones_forecast, peaked, run
 
 
@@ -62,14 +63,14 @@ def test_confidence_gate_with_a_fixed_threshold(tmp_path):
 
 
 def test_predicts_gain_compares_against_the_parents_measured_reward():
-    f = as_forecast({"parse_failed": False, "probs": peaked(8, 0.9), "record": {}})
+    f = forecast_from_log({"parse_failed": False, "probs": peaked(8, 0.9), "record": {}})
     e = bins.expected_log2_speedup(f.probs)  # about 1.56: a ~2.9x forecast vs the reference
     assert predicts_gain(f, 1.0) and predicts_gain(f, 2 ** (e - 0.01))
     assert not predicts_gain(f, 2 ** (e + 0.01)) and not predicts_gain(f, 8.0)
-    # A logged forecast goes through forecaster.Gate, the project's one gate rule.
+    # A logged forecast goes through gate.Gate, the project's one gate rule.
     assert f.predicted_bin == 8
     assert Gate("maxprob", 0.95).decide(f) == "defer" and Gate("maxprob", 0.9).decide(f) == "trust"
-    failed = as_forecast({"parse_failed": True, "probs": None, "record": {}})
+    failed = forecast_from_log({"parse_failed": True, "probs": None, "record": {}})
     assert failed.predicted_bin is None and Gate("maxprob", 0.0).decide(failed) == "defer"
 
 
