@@ -51,11 +51,9 @@ import numpy as np
 from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
 from dataset import load_predictions
-from paper_protocol import selective_scores
+from paper_protocol import PROTOCOLS, selective_scores
 from records import RecordError
 from selective import aurc, ece, row_confidence, selective_risk
-
-PROTOCOLS = ("ours", "paper")
 
 
 def forecaster_name(row):

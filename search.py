@@ -82,10 +82,10 @@ import metrics
 import plots
 from cli import flag
 from dataset import training_row
-from forecast_prompt import PROTOCOLS
 from forecaster_backends import EMBEDDED_DTYPES, ServerError
 from lm import DEFAULT_MODEL
 from mutators import goal_reward
+from paper_protocol import PROTOCOLS
 from puct import Archive
 from records import EventLog, RecordError, write_atomic
 from search_gate import GATES, RANK_KEYS, as_forecast, forecast_speedup, select
@@ -244,17 +244,12 @@ def parse_args(argv=None):
     return args
 
 
-# What a search logged before --protocol, --abstain, --forecast-reward and --parse-retries existed
-# did: such a log resumes under these values.
-LOGGED_BEFORE_PROTOCOLS = {"protocol": "ours", "abstain": False, "forecast_reward": False, "parse_retries": 0}
-
-
 def with_protocol_defaults(args):
-    """The options with the protocol's defaults filled in where none was given."""
-    paper = args.protocol == "paper"
-    return replace(args, keep_children=args.keep_children or (4 if paper else 2),
-                   parse_retries=int(paper) if args.parse_retries is None else args.parse_retries,
-                   steps=args.steps or (args.budget if paper and args.budget else 40))
+    """The options with the protocol's defaults (paper_protocol.PROTOCOLS) filled in where none was given."""
+    protocol = PROTOCOLS[args.protocol]
+    return replace(args, keep_children=args.keep_children or protocol.keep_children,
+                   parse_retries=protocol.parse_retries if args.parse_retries is None else args.parse_retries,
+                   steps=args.steps or (args.budget if protocol.exact_budget and args.budget else 40))
 
 
 # ---- the search -------------------------------------------------------------------------------
@@ -474,7 +469,6 @@ class Search:
         if old is None:
             self.log.append("config", None, "config", None, mine)
         else:
-            old = LOGGED_BEFORE_PROTOCOLS | old  # a log written before these options existed
             for k in list(mine) + [k for k in old if k not in mine]:  # task, gate, seed first
                 if old.get(k) != mine.get(k):
                     raise SearchError(f"{self.out} holds a run with {k}={old.get(k)!r}, but this "

@@ -30,6 +30,7 @@ from forecast_prompt import hardware_info
 from forecaster import Forecaster
 from lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
+from paper_protocol import PROTOCOLS
 
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
@@ -80,10 +81,11 @@ def setup(args, say=print):
 
     import measure_pool
     import tasks
-    paper = args.protocol == "paper"
-    retries = int(paper) if args.parse_retries is None else args.parse_retries
+    protocol = PROTOCOLS[args.protocol]
+    retries = protocol.parse_retries if args.parse_retries is None else args.parse_retries
     say(f"protocol: {args.protocol}" + (" (the original's search: its forecast prompt, 4 children kept per "
-        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
+        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)"
+        if args.protocol == "paper"
         else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     if args.ray:
         if args.devices != "all":
@@ -207,13 +209,13 @@ def setup(args, say=print):
             "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
 
     gated_mutations = 16
-    if forecaster_name.startswith("embedded") and args.mutations is None and not paper:
+    if forecaster_name.startswith("embedded") and args.mutations is None and not protocol.paper_scale:
         gated_mutations = CPU_GATED_MUTATIONS
         say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
             "--mutations 16 once a real forecaster is at hand)")
     elif costmodel and args.mutations is None:
         say(f"mutations: {gated_mutations} per parent with a gate (a cost model's forecast takes milliseconds)")
-    real = (mutator_name.startswith("llm") and scale == "benchmark") or paper
+    real = (mutator_name.startswith("llm") and scale == "benchmark") or protocol.paper_scale
     budget = args.budget or (PAPER_BUDGET if real else CPU_BUDGET)
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "
