@@ -420,10 +420,11 @@ def main(argv=None, backend=None):
                         temperature=args.temperature, seed=args.seed, reasoning_tokens=args.reasoning_tokens,
                         hardware=hardware, prefix_cache=not args.no_prefix_cache, protocol=args.protocol,
                         abstain=args.abstain, parse_retries=args.parse_retries)
-        retries = args.parse_retries
-        generation = (f"{args.max_new_tokens} new tokens, {retries} retr{'y' if retries == 1 else 'ies'} of an answer that "
-                      "does not parse" if fc.readout == "verbalized" else f"logits read-out, {args.reasoning_tokens} reasoning tokens")
-        print(f"protocol: {args.protocol} ({'the original prompt; ' if args.protocol == 'paper' else ''}{generation}"
+        retries, paper = args.parse_retries, args.protocol == "paper"
+        generation = (f"{args.max_new_tokens} new tokens, {retries} retr{'y' if retries == 1 else 'ies'} of an "
+                      "answer that does not parse" if fc.readout == "verbalized"
+                      else f"logits read-out, {args.reasoning_tokens} reasoning tokens")
+        print(f"protocol: {args.protocol} ({'the original prompt; ' if paper else ''}{generation}"
               f"{', abstain tool offered' if args.abstain else ''}; docs/FIDELITY.md)", file=sys.stderr)
         if args.eval:
             n = run_eval(fc, args.eval, args.out, repeats=args.repeats, batch_size=args.batch_size or 64)

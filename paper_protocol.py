@@ -1,11 +1,11 @@
 """paper_protocol.py: the paper's protocol: what `--protocol paper` changes, and the original's
 selective-prediction definitions that `metrics.py --protocol paper` scores with.
 
-Every command with a --protocol flag (search.py, forecaster.py, metrics.py, train_grpo.py) takes
-what the protocol decides from one table, PROTOCOLS: `ours` is this project's way, `paper` the
-original code release's (docs/FIDELITY.md lists each difference and why). A flag the user sets
-wins over the table; the table fills in what is left unset. The prompt each protocol shows the
-model is forecast_prompt.py's.
+What a protocol decides is one table, PROTOCOLS: `ours` is this project's way, `paper` the
+original code release's (docs/FIDELITY.md lists each difference and why). The commands with a
+--protocol flag offer its names; search.py, forecaster.py and metrics.py fill in from it what a
+flag leaves unset (a flag the user sets wins). The prompt each protocol shows the model is
+forecast_prompt.py's.
 
 This project scores forecasts its own way (bins.py, selective.py, metrics.py). Under --protocol
 paper, metrics.py reads the rows with the stated bin as the scored bin (dataset.load_predictions,
@@ -47,12 +47,13 @@ from bins import CONFIDENCE_KINDS, confidence
 
 @dataclass(frozen=True)
 class Protocol:
-    bin_rule: str           # the scored bin: "argmax" of the probabilities, or the bin the model "stated"
-    parse_retries: int      # an answer that does not parse is generated again this often (the original's retry)
-    max_new_tokens: int     # the forecaster's generation budget (the paper's at evaluation: 16384)
-    keep_children: int      # children of one expansion kept in the search's archive
-    exact_budget: bool      # the search runs until --budget is spent: its steps default to the budget
-    paper_scale: bool       # the paper's budget (320) and 16 mutations per gated parent on any machine
+    """One protocol's defaults; each comment names the flag it fills in when that flag is unset."""
+    bin_rule: str         # the scored bin, "argmax" of the probabilities or the "stated" one (metrics.py --bin-rule)
+    parse_retries: int    # an answer that does not parse is generated again this often (--parse-retries)
+    max_new_tokens: int   # the forecaster's generation budget (forecaster.py --max-new-tokens)
+    keep_children: int    # children of one expansion kept in the archive (search.py --keep-children)
+    exact_budget: bool    # the search ends when --budget is spent: --steps defaults to the budget, not 40
+    paper_scale: bool     # the paper's --budget 320 and 16 --mutations per gated parent on any machine
 
 
 PROTOCOLS = {
