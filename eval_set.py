@@ -37,21 +37,23 @@ parent->child discovery pairs. This module rebuilds all three from this project'
                             and each output's row count and sha256
    Every file is written whole or not at all (a temporary file renamed over the old one).
 """
-import argparse
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import cli
 from bins import speedup_to_bin
 from data.pair_sampler import (check_kernel, effective_speedup, eval_row, format_report,
                           read_kernels, sample_pairs, unique_kernels)
 from data.records import RecordError, read_jsonl, write_atomic
+from runtime.cli import flag
+from tasks import TASK_NAMES
 
 def family_of(task):
     """The benchmark family a discovery pair names: gpu_mode for the six GPU MODE problems,
     kernelbench_l3 for a KernelBench level-3 problem, else kernelbench or file (a problem file)."""
-    from tasks import TASK_NAMES
     if task in TASK_NAMES:
         return "gpu_mode"
     if task.startswith(("kernelbench:3/", "kernelbench:level3/")):
@@ -246,40 +248,53 @@ def build(sources, out, *, per_bin=53, seed=0, mirrors=False, holdout_task=None,
     return manifest
 
 
+FILLING = "filling short bins (passed on to search.py)"  # the --help section of the fill searches' flags
+
+
+@dataclass
+class Args:
+    """Build a bin-balanced eval set, an RL training pool and discovery pairs from searches'
+    measured kernels (the paper's published data sets, rebuilt)."""
+    sources: list[str] = flag(None, "search.py output folders (training_rows.jsonl + events.jsonl), or "
+                              "kernels.jsonl files of an earlier build", positional=True)
+    out: str = flag(None, "output folder (kernels, eval_set, rl_pool, discovery_pairs, manifest; fill searches "
+                    "in OUT/fill/)", required=True)
+    per_bin: int = flag(53, "eval pairs per bin (the paper: 53, 424 in all)")
+    seed: int = flag(0, "seed of the pair sampler and the fill searches")
+    mirrors: bool = flag(False, "allow a pair and its mirror (b, a) both in the eval set (the original's sampler); "
+                         "by default each unordered pair once")
+    holdout_task: str | None = flag(None, "leave this task out of the RL pool (the paper: gdn_chunk_fwd_o); one of "
+                                    f"{', '.join(TASK_NAMES)}, or a problem file or kernelbench:LEVEL/NAME as its "
+                                    "searches named it")
+    fill: bool = flag(False, "run a goal-conditioned search (search.py --target-bin) for each bin short of "
+                      "--per-bin, task by task, until it is full", group=FILLING)
+    fill_budget: int | None = flag(None, "measurements per fill search (search.py's default if unset)", group=FILLING)
+    mutator: str = flag("auto", "the fill searches' mutator (an LLM is told the target band)",
+                        choices=("auto", "llm", "catalog"), group=FILLING)
+    server: str | None = flag(None, "OpenAI-compatible server URL for the mutator", group=FILLING)
+    model: str | None = flag(None, "local transformers model for the mutator", group=FILLING)
+    scale: str | None = flag(None, "measurement scale of the fill searches (search.py's default if unset)",
+                             choices=("benchmark", "cpu"), group=FILLING)
+    timeout: float | None = flag(None, "seconds per measurement", group=FILLING)
+    kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for searches whose --task was "
+                                       "kernelbench:LEVEL/NAME (search.py's flag of the same name)", group=FILLING)
+    unsafe_no_sandbox: bool = flag(False, "measure without the sandbox (search.py's flag of the same name)",
+                                   group=FILLING)
+
+
 def build_parser():
-    from tasks import TASK_NAMES
-    p = argparse.ArgumentParser(
-        description="Build a bin-balanced eval set, an RL training pool and discovery pairs from "
-                    "searches' measured kernels (the paper's published data sets, rebuilt).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("sources", nargs="+", help="search.py output folders (training_rows.jsonl + "
-                   "events.jsonl), or kernels.jsonl files of an earlier build")
-    p.add_argument("--out", required=True, help="output folder (kernels, eval_set, rl_pool, "
-                   "discovery_pairs, manifest; fill searches in OUT/fill/)")
-    p.add_argument("--per-bin", type=int, default=53, help="eval pairs per bin (the paper: 53, 424 in all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the pair sampler and the fill searches")
-    p.add_argument("--mirrors", action="store_true", help="allow a pair and its mirror (b, a) both "
-                   "in the eval set (the original's sampler); by default each unordered pair once")
-    p.add_argument("--holdout-task", default=None,
-                   help=f"leave this task out of the RL pool (the paper: gdn_chunk_fwd_o); one of "
-                        f"{', '.join(TASK_NAMES)}, or a problem file or kernelbench:LEVEL/NAME as its searches named it")
-    g = p.add_argument_group("filling short bins (passed on to search.py)")
-    g.add_argument("--fill", action="store_true", help="run a goal-conditioned search (search.py "
-                   "--target-bin) for each bin short of --per-bin, task by task, until it is full")
-    g.add_argument("--fill-budget", type=int, default=None,
-                   help="measurements per fill search (search.py's default if unset)")
-    g.add_argument("--mutator", choices=("auto", "llm", "catalog"), default="auto",
-                   help="the fill searches' mutator (an LLM is told the target band)")
-    g.add_argument("--server", default=None, help="OpenAI-compatible server URL for the mutator")
-    g.add_argument("--model", default=None, help="local transformers model for the mutator")
-    g.add_argument("--scale", choices=("benchmark", "cpu"), default=None,
-                   help="measurement scale of the fill searches (search.py's default if unset)")
-    g.add_argument("--timeout", type=float, default=None, help="seconds per measurement")
-    g.add_argument("--kernelbench-dir", default=None, help="a KernelBench checkout, for searches whose "
-                   "--task was kernelbench:LEVEL/NAME (search.py's flag of the same name)")
-    g.add_argument("--unsafe-no-sandbox", action="store_true",
-                   help="measure without the sandbox (search.py's flag of the same name)")
-    return p
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
+
+
+def parse_args(argv=None):
+    """Args from the command line, checked (a BuildError names the flag to fix)."""
+    args = cli.parse(Args, argv, gpu=False)
+    if args.per_bin < 1:
+        raise BuildError(f"--per-bin must be at least 1, got {args.per_bin}")
+    if args.fill_budget is not None and args.fill_budget < 1:
+        raise BuildError(f"--fill-budget must be at least 1, got {args.fill_budget}")
+    return args
 
 
 def search_fill(args):
@@ -306,12 +321,8 @@ def search_fill(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
     try:
-        if args.per_bin < 1:
-            raise BuildError(f"--per-bin must be at least 1, got {args.per_bin}")
-        if args.fill_budget is not None and args.fill_budget < 1:
-            raise BuildError(f"--fill-budget must be at least 1, got {args.fill_budget}")
+        args = parse_args(argv)
         m = build(args.sources, args.out, per_bin=args.per_bin, seed=args.seed, mirrors=args.mirrors,
                   holdout_task=args.holdout_task, fill=search_fill(args) if args.fill else None)
     except BuildError as e:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 
 from models import harmony
 import bins
+from data.dataset import is_finite_number
 from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME
 
 DIGITS = tuple(str(b) for b in bins.BINS)  # the bins as the model writes them, one token each
@@ -95,10 +96,6 @@ def from_probs(raw, **kw):
     return Forecast(probs=probs, predicted_bin=bins.predicted_bin(probs), raw_sum=total, **kw)
 
 
-def _is_number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 ANSWER_FIELD_SETS = (PROB_FIELDS, PAPER_PROB_FIELDS)
 ALL_PROB_FIELDS = tuple(dict.fromkeys(PROB_FIELDS + PAPER_PROB_FIELDS))
 
@@ -123,12 +120,11 @@ def forecast_from_args(args):
     raw = []
     for f in fields:
         v = args[f]
-        if not _is_number(v) or not math.isfinite(v) or not 0 <= v <= 1:
+        if not is_finite_number(v) or not 0 <= v <= 1:
             return failure(f"{f} out of range [0, 1]: {v!r}"[:200])
         raw.append(float(v))
     stated = args["predicted_bin"]
-    if not _is_number(stated) or not math.isfinite(stated) or stated != int(stated) \
-            or not 1 <= stated <= bins.N_BINS:
+    if not is_finite_number(stated) or stated != int(stated) or not 1 <= stated <= bins.N_BINS:
         return failure(f"predicted_bin must be an integer in 1..{bins.N_BINS}: {stated!r}"[:200])
     reasoning = args["reasoning"]
     if not isinstance(reasoning, str) or not reasoning.strip():

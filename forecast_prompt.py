@@ -9,12 +9,13 @@ The candidate comes last (the original put the hardware after it): everything be
 same for every candidate of a task, so a model computes it once (shared_messages).
 train_grpo.py trains on the same prompt.
 
-Two protocols (docs/FIDELITY.md). `ours` is the prompt above. `paper` gives the model what the
-original gave it and nothing more: its own bin table (right-closed, edges 0.25 ... 4.0, names
-that do not fit bin 4 of the labels: base-model numbers depend on that table), no task
-description, its instruction not to put all mass on one bin unless the evidence is decisive, the
-task name as the operation's name, "reference" and "candidate" as the kernels' names, the hardware
-after the candidate, and the tool fields named after its table (p_minor_slowdown ...).
+Two protocols (paper_protocol.PROTOCOLS, docs/FIDELITY.md). `ours` is the prompt above. `paper`
+gives the model what the original gave it and nothing more: its own bin table (right-closed,
+edges 0.25 ... 4.0, names that do not fit bin 4 of the labels: base-model numbers depend on that
+table), no task description, its instruction not to put all mass on one bin unless the evidence
+is decisive, the task name as the operation's name, "reference" and "candidate" as the kernels'
+names, the hardware after the candidate, and the tool fields named after its table
+(p_minor_slowdown ...).
 
 The abstain variant (abstain=True, both protocols) offers a second tool, `defer_to_evaluator`:
 the model may decline to forecast, with a reason, and the candidate goes to the real evaluator.
@@ -23,8 +24,8 @@ The hardware table comes from the row being forecast (its `hardware` field: row_
 named profile, or the local GPU for a candidate measured on this machine (hardware_info).
 """
 import bins
+from paper_protocol import PROTOCOLS
 
-PROTOCOLS = ("ours", "paper")
 TOOL_NAME = "submit_kernel_runtime_estimate"
 DEFER_TOOL_NAME = "defer_to_evaluator"
 

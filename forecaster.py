@@ -39,24 +39,27 @@ a parse failure with a reason); the backends (local transformers incl. GPT-OSS i
 an OpenAI-compatible server, the embedded SmolLM2) in forecaster_backends.py behind one `generate`
 interface.
 """
-import argparse
 import hashlib
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import bins
+from runtime import cli
+from runtime.cli import flag
 from data.dataset import load_rows, prediction_row, written_predictions
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
-from forecast_prompt import (HARDWARE_PROFILES, PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware,
+from forecast_prompt import (HARDWARE_PROFILES, answer_tools, build_messages, hardware_info, row_hardware,
                              shared_messages)
 from models.costmodel import CostModel, CostModelForecaster
 from models.forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
 from gate import Gate
 from models.lm import DEFAULT_MODEL, REASONING_EFFORTS
 from data.records import cache_dir, write_atomic
+from paper_protocol import PROTOCOLS
 
 DEFAULT_CACHE_DIR = cache_dir("forecasts")
 
@@ -245,93 +248,106 @@ def bar_chart(forecast, width=30):
     return "\n".join(lines)
 
 
+@dataclass
+class Args:
+    """Forecast a candidate GPU kernel's speedup over a reference as probabilities over 8 bins, and
+    gate the forecast."""
+    task: str | None = flag(None, "task name (one candidate mode), e.g. cross_entropy; or a problem file "
+                            "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
+    kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                                       "(default $KERNELBENCH_DIR)")
+    candidate: str | None = flag(None, "candidate kernel file (Python module defining custom_kernel, or "
+                                 "class ModelNew for a KernelBench problem)")
+    reference: str | None = flag(None, "reference kernel file (default: the task's seed kernel; a problem "
+                                 "file's own source)")
+    eval: str | None = flag(None, "forecast every row of an eval or training JSONL file", metavar="ROWS.jsonl")
+    out: str | None = flag(None, "prediction rows for --eval (appended; reruns resume)", metavar="PRED.jsonl")
+    repeats: int = flag(1, "forecasts per row for --eval (paper: 3)")
+    model: str | None = flag(None, f"local model name or path (default {DEFAULT_MODEL}; with --server the served "
+                             "name)")
+    adapter: str | None = flag(None, "LoRA adapter folder (peft) for a local model; with --server, serve it as a "
+                               "model (vllm --lora-modules NAME=PATH) and pass --model NAME")
+    server: str | None = flag(None, "OpenAI-compatible server URL, e.g. http://localhost:8000/v1 (vllm serve); "
+                              "several replicas of the model separated by commas (requests go to the least loaded)")
+    api_key: str | None = flag(None, "API key for --server (default: $OPENAI_API_KEY or 'EMPTY')")
+    reasoning_effort: str = flag("medium", "GPT-OSS reasoning effort (paper: medium)", choices=REASONING_EFFORTS)
+    readout: str | None = flag(None, "verbalized: the probabilities the model writes (default); logits: next-token "
+                               "probabilities of the bin digits (default for the embedded model)",
+                               choices=("verbalized", "logits"))
+    reasoning_tokens: int = flag(0, "logits read-out: tokens of reasoning before the answer is read")
+    protocol: str = flag("ours", "ours: this project's prompt; paper: the original's (its bin table and tool field "
+                         "names, no task description, the hardware after the candidate), 16384 new tokens "
+                         "and one retry of an answer that does not parse (docs/FIDELITY.md)", choices=PROTOCOLS)
+    abstain: bool = flag(False, "the abstain variant: offer a second tool, defer_to_evaluator, with which the model "
+                         "declines to forecast (with a reason); a deferral is deferred by the gate and counts "
+                         "against coverage in metrics.py (verbalized read-out only)")
+    parse_retries: int | None = flag(None, "generate an answer that does not parse again, up to N times (default 0; "
+                                     "1 with --protocol paper, as the original's search did)")
+    max_new_tokens: int | None = flag(None, "generation budget (default 4096; 16384 with --protocol paper, the "
+                                      "paper's at evaluation)")
+    temperature: float = flag(1.0, "sampling temperature (paper: 1.0; 0 = greedy)")
+    seed: int = flag(0, "sampling seed (repeat k uses seed + k)")
+    hardware: str | None = flag(None, "hardware profile shown to the model: for --task, default this machine's GPU, "
+                                "else a100-80gb; for --eval, only for rows without a `hardware` field (default "
+                                "a100-80gb, the paper's), every other row is shown the hardware it was measured on",
+                                choices=sorted(HARDWARE_PROFILES))
+    gate_score: str = flag("maxprob", "confidence score the gate uses", choices=bins.CONFIDENCE_KINDS)
+    threshold: float = flag(0.5, "gate threshold: trust when the score is at least this")
+    cache_dir: str = flag(str(DEFAULT_CACHE_DIR), "forecast cache folder")
+    no_cache: bool = flag(False, "neither read nor write the forecast cache")
+    no_prefix_cache: bool = flag(False, "recompute the prompt prefix that a task's candidates share (system text, "
+                                 "bins, task, reference, hardware) for every candidate instead of once per task; "
+                                 "the same forecasts within numerical noise, slower (for comparison)")
+    batch_size: int | None = flag(None, "candidates run through the model together (default: as many as the GPU's "
+                                  "free memory holds at the prompts' length, 8 on a CPU; 1 for the embedded model, "
+                                  "for which a padded batch on a CPU costs more than it saves)")
+    attention: str = flag("auto", "attention implementation of a local model; auto: flex attention for GPT-OSS on a "
+                          "GPU (eager attention's score tensors do not fit at forecast prompt lengths), the model's "
+                          "default otherwise")
+    embedded: bool = flag(False, "use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
+    embedded_dtype: str = flag("auto", "the embedded model's dtype; auto: bfloat16 on CPUs that compute it natively "
+                               "(AMX or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere; float32 gives exact "
+                               "numbers (bf16 moves probabilities by up to ~0.02)", choices=EMBEDDED_DTYPES)
+    costmodel: str | None = flag(None, "forecast with a learned cost model (gradient-boosted trees on features of the "
+                                 "code, trained by train_costmodel.py into DIR) instead of a language model; with "
+                                 "--eval its prediction rows score beside an LLM's in metrics.py (pass both files)",
+                                 metavar="DIR")
+    json: bool = flag(False, "print the forecast as JSON")
+
+
 def build_parser():
-    p = argparse.ArgumentParser(description="Forecast a candidate GPU kernel's speedup over a reference "
-                                            "as probabilities over 8 bins, and gate the forecast.")
-    p.add_argument("--task", help="task name (one candidate mode), e.g. cross_entropy; or a problem file "
-                   "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
-    p.add_argument("--kernelbench-dir", help="a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
-                   "(default $KERNELBENCH_DIR)")
-    p.add_argument("--candidate", help="candidate kernel file (Python module defining custom_kernel, or "
-                   "class ModelNew for a KernelBench problem)")
-    p.add_argument("--reference", help="reference kernel file (default: the task's seed kernel; a problem "
-                   "file's own source)")
-    p.add_argument("--eval", metavar="ROWS.jsonl", help="forecast every row of an eval or training JSONL file")
-    p.add_argument("--out", metavar="PRED.jsonl", help="prediction rows for --eval (appended; reruns resume)")
-    p.add_argument("--repeats", type=int, default=1, help="forecasts per row for --eval (paper: 3)")
-    p.add_argument("--model", help=f"local model name or path (default {DEFAULT_MODEL}; with --server the served name)")
-    p.add_argument("--adapter", help="LoRA adapter folder (peft) for a local model; with --server, serve it as a model (vllm --lora-modules NAME=PATH) and pass --model NAME")
-    p.add_argument("--server", help="OpenAI-compatible server URL, e.g. http://localhost:8000/v1 (vllm serve); "
-                   "several replicas of the model separated by commas (requests go to the least loaded)")
-    p.add_argument("--api-key", help="API key for --server (default: $OPENAI_API_KEY or 'EMPTY')")
-    p.add_argument("--reasoning-effort", default="medium", choices=REASONING_EFFORTS, help="GPT-OSS reasoning effort (paper: medium)")
-    p.add_argument("--readout", choices=("verbalized", "logits"),
-                   help="verbalized: the probabilities the model writes (default); logits: next-token "
-                        "probabilities of the bin digits (default for the embedded model)")
-    p.add_argument("--reasoning-tokens", type=int, default=0, help="logits read-out: tokens of reasoning before the answer is read")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="ours",
-                   help="ours: this project's prompt; paper: the original's (its bin table and tool field "
-                        "names, no task description, the hardware after the candidate), 16384 new tokens "
-                        "and one retry of an answer that does not parse (docs/FIDELITY.md)")
-    p.add_argument("--abstain", action="store_true",
-                   help="the abstain variant: offer a second tool, defer_to_evaluator, with which the model "
-                        "declines to forecast (with a reason); a deferral is deferred by the gate and counts "
-                        "against coverage in metrics.py (verbalized read-out only)")
-    p.add_argument("--parse-retries", type=int, default=None,
-                   help="generate an answer that does not parse again, up to N times (default 0; 1 with "
-                        "--protocol paper, as the original's search did)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="generation budget (default 4096; 16384 with --protocol paper, the paper's at evaluation)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0; 0 = greedy)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (repeat k uses seed + k)")
-    p.add_argument("--hardware", choices=sorted(HARDWARE_PROFILES),
-                   help="hardware profile shown to the model: for --task, default this machine's GPU, else "
-                        "a100-80gb; for --eval, only for rows without a `hardware` field (default "
-                        "a100-80gb, the paper's), every other row is shown the hardware it was measured on")
-    p.add_argument("--gate-score", default="maxprob", choices=bins.CONFIDENCE_KINDS, help="confidence score the gate uses")
-    p.add_argument("--threshold", type=float, default=0.5, help="gate threshold: trust when the score is at least this")
-    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="forecast cache folder")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the forecast cache")
-    p.add_argument("--no-prefix-cache", action="store_true",
-                   help="recompute the prompt prefix that a task's candidates share (system text, bins, "
-                        "task, reference, hardware) for every candidate instead of once per task; the "
-                        "same forecasts within numerical noise, slower (for comparison)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="candidates run through the model together (default: as many as the GPU's free memory "
-                        "holds at the prompts' length, 8 on a CPU; 1 for the embedded model, for which a padded "
-                        "batch on a CPU costs more than it saves)")
-    p.add_argument("--attention", default="auto",
-                   help="attention implementation of a local model; auto: flex attention for GPT-OSS on a GPU "
-                        "(eager attention's score tensors do not fit at forecast prompt lengths), the model's "
-                        "default otherwise")
-    p.add_argument("--embedded", action="store_true", help="use the embedded SmolLM2-135M (runs anywhere; forecasts NOT meaningful)")
-    p.add_argument("--embedded-dtype", choices=EMBEDDED_DTYPES, default="auto",
-                   help="the embedded model's dtype; auto: bfloat16 on CPUs that compute it natively (AMX "
-                        "or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere; float32 gives exact numbers (bf16 moves probabilities by "
-                        "up to ~0.02)")
-    p.add_argument("--costmodel", metavar="DIR",
-                   help="forecast with a learned cost model (gradient-boosted trees on features of the code, "
-                        "trained by train_costmodel.py into DIR) instead of a language model; with --eval its "
-                        "prediction rows score beside an LLM's in metrics.py (pass both files)")
-    p.add_argument("--json", action="store_true", help="print the forecast as JSON")
-    return p
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
+
+
+def parse_args(argv=None):
+    """Args from the command line, checked (a ValueError names the flag to fix), with the
+    protocol's defaults (paper_protocol.PROTOCOLS) filled in where a flag was left unset."""
+    args = cli.parse(Args, argv, gpu=False)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.eval and not args.out:
+        raise ValueError("--eval needs --out PRED.jsonl")
+    if not args.eval and not (args.task and args.candidate):
+        raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
+    if args.parse_retries is not None and args.parse_retries < 0:
+        raise ValueError(f"--parse-retries must be at least 0, got {args.parse_retries}")
+    if args.abstain and args.readout == "logits":
+        raise ValueError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
+    protocol = PROTOCOLS[args.protocol]
+    return replace(args, max_new_tokens=args.max_new_tokens or protocol.max_new_tokens,
+                   parse_retries=protocol.parse_retries if args.parse_retries is None else args.parse_retries)
 
 
 def main(argv=None, backend=None):
-    args = build_parser().parse_args(argv)
     try:
-        if args.batch_size is not None and args.batch_size < 1:
-            raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+        args = parse_args(argv)
         if args.eval:
-            if not args.out:
-                raise ValueError("--eval needs --out PRED.jsonl")
             if not Path(args.eval).is_file():
                 raise ValueError(f"cannot read rows file {args.eval}")
             from tasks import TASK_NAMES
             for row in load_rows(args.eval, tasks=TASK_NAMES):  # bad rows fail before any model loads
                 row_hardware(row, None)
-        elif not (args.task and args.candidate):
-            raise ValueError("give --task and --candidate (or --eval ROWS.jsonl --out PRED.jsonl)")
         else:
             from tasks import get_task, reference_source
             if args.kernelbench_dir:
@@ -342,13 +358,6 @@ def main(argv=None, backend=None):
                 reference = Path(args.reference).read_text() if args.reference else reference_source(args.task)
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
-        if args.parse_retries is not None and args.parse_retries < 0:
-            raise ValueError(f"--parse-retries must be at least 0, got {args.parse_retries}")
-        if args.abstain and args.readout == "logits":
-            raise ValueError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
-        paper = args.protocol == "paper"
-        retries = args.parse_retries if args.parse_retries is not None else int(paper)
-        max_new = args.max_new_tokens or (16384 if paper else 4096)
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
         if args.costmodel:  # the trees replace the language model: no backend, no prompt
@@ -377,12 +386,14 @@ def main(argv=None, backend=None):
         # an --eval row names its hardware; one that does not gets --hardware, else the paper's A100
         hardware = hardware_info(args.hardware or "a100-80gb") if args.eval else hardware_info(args.hardware)
         fc = Forecaster(backend, readout=args.readout or ("verbalized" if args.abstain else None),
-                        cache_dir=None if args.no_cache else args.cache_dir, max_new_tokens=max_new,
+                        cache_dir=None if args.no_cache else args.cache_dir, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, seed=args.seed, reasoning_tokens=args.reasoning_tokens,
                         hardware=hardware, prefix_cache=not args.no_prefix_cache, protocol=args.protocol,
-                        abstain=args.abstain, parse_retries=retries)
-        generation = (f"{max_new} new tokens, {retries} retr{'y' if retries == 1 else 'ies'} of an answer that "
-                      "does not parse" if fc.readout == "verbalized" else f"logits read-out, {args.reasoning_tokens} reasoning tokens")
+                        abstain=args.abstain, parse_retries=args.parse_retries)
+        retries, paper = args.parse_retries, args.protocol == "paper"
+        generation = (f"{args.max_new_tokens} new tokens, {retries} retr{'y' if retries == 1 else 'ies'} of an "
+                      "answer that does not parse" if fc.readout == "verbalized"
+                      else f"logits read-out, {args.reasoning_tokens} reasoning tokens")
         print(f"protocol: {args.protocol} ({'the original prompt; ' if paper else ''}{generation}"
               f"{', abstain tool offered' if args.abstain else ''}; docs/FIDELITY.md)", file=sys.stderr)
         if args.eval:

@@ -51,7 +51,6 @@ interpreter and the times are CPU time: they exercise the machinery and say noth
 Usage:
     python measure.py --task cross_entropy --candidate tasks/kernels/cross_entropy/fused_online.py --json
 """
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -65,6 +64,8 @@ import sys
 import time
 from pathlib import Path
 
+from runtime import cli
+from runtime.cli import flag
 from harness.measure_channel import WorkerFailed, new_token, pin, printable, workers
 from harness.measure_sandbox import require_sandbox
 from harness.measure_worker import case_str
@@ -805,32 +806,39 @@ def read_candidate(path):
     return source
 
 
+@dataclasses.dataclass
+class Args:
+    """Measure a candidate kernel against a task's PyTorch reference."""
+    task: str = flag(None, "task name, e.g. cross_entropy (see tasks/); or a problem file (KernelBench's format, "
+                     "or tasks/problem_file.py's); or kernelbench:LEVEL/NAME", required=True)
+    kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
+                                       "(default $KERNELBENCH_DIR)")
+    candidate: str = flag(None, "path to a Python file defining custom_kernel(data) (for a KernelBench problem: "
+                          "class ModelNew)", required=True)
+    device: str | None = flag(None, "default: cuda when a GPU is visible, else cpu", choices=["cuda", "cpu"])
+    scale: str | None = flag(None, "shapes to use: the paper's benchmark shapes (GPU default) or small CPU shapes "
+                             "(CPU default)", choices=["benchmark", "cpu"])
+    timeout: float | None = flag(None, "wall-clock limit for the candidate's worker in seconds (default 600 at "
+                                 "benchmark scale, 240 at CPU scale)")
+    memory_gb: float | None = flag(None, "host memory cap of the candidate's process tree (default 32 on GPU, 6 on CPU)")
+    quick: bool = flag(False, "fewer timed calls (a faster, noisier figure)")
+    no_cache: bool = flag(False, "measure even if this exact candidate was measured before")
+    cache_dir: str | None = flag(None, f"result cache folder (default {DEFAULT_CACHE_DIR})")
+    unsafe_no_sandbox: bool = flag(False, "run the candidate without bubblewrap: it can then read and write what you "
+                                   "can, leave processes behind and forge later measurements; only for code you trust")
+    baseline: str = flag("eager", "eager: the speedup over the reference as written (KernelBench's fast_p, the "
+                         "paper's); compile: that, and beside it the speedup over torch.compile of the reference "
+                         "(a second measurement; its first calls compile)", choices=["eager", "compile"])
+    json: bool = flag(False, "print one JSON object instead of a table")
+
+
+def build_parser():
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Measure a candidate kernel against a task's PyTorch reference.")
-    parser.add_argument("--task", required=True, help="task name, e.g. cross_entropy (see tasks/); or a problem file "
-                        "(KernelBench's format, or tasks/problem_file.py's); or kernelbench:LEVEL/NAME")
-    parser.add_argument("--kernelbench-dir", help="a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
-                        "(default $KERNELBENCH_DIR)")
-    parser.add_argument("--candidate", required=True, help="path to a Python file defining custom_kernel(data) "
-                        "(for a KernelBench problem: class ModelNew)")
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
-    parser.add_argument("--scale", choices=["benchmark", "cpu"],
-                        help="shapes to use: the paper's benchmark shapes (GPU default) or small CPU shapes (CPU default)")
-    parser.add_argument("--timeout", type=float, help="wall-clock limit for the candidate's worker in seconds "
-                        "(default 600 at benchmark scale, 240 at CPU scale)")
-    parser.add_argument("--memory-gb", type=float, help="host memory cap of the candidate's process tree (default 32 on GPU, 6 on CPU)")
-    parser.add_argument("--quick", action="store_true", help="fewer timed calls (a faster, noisier figure)")
-    parser.add_argument("--no-cache", action="store_true", help="measure even if this exact candidate was measured before")
-    parser.add_argument("--cache-dir", help=f"result cache folder (default {DEFAULT_CACHE_DIR})")
-    parser.add_argument("--unsafe-no-sandbox", action="store_true",
-                        help="run the candidate without bubblewrap: it can then read and write what you can, "
-                             "leave processes behind and forge later measurements; only for code you trust")
-    parser.add_argument("--baseline", choices=["eager", "compile"], default="eager",
-                        help="eager: the speedup over the reference as written (KernelBench's fast_p, the paper's); "
-                             "compile: that, and beside it the speedup over torch.compile of the reference "
-                             "(a second measurement; its first calls compile)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
+    args = cli.parse(Args, argv, gpu=False)
     if args.kernelbench_dir:
         os.environ["KERNELBENCH_DIR"] = args.kernelbench_dir
     try:

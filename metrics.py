@@ -40,22 +40,22 @@ is the child's speedup over its parent, a discovery is a child at least sqrt(2) 
 parse failure never flags. We report precision, recall, the base rate (precision of flagging
 every pair) and the precision-recall curve over every observed tau.
 """
-import argparse
 import json
 import math
 import os
 import sys
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from runtime import cli
 from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
                   nll, off_by_one_hit, predicted_bin, prob_at_least)
+from runtime.cli import flag
 from data.dataset import load_predictions
-from paper_protocol import selective_scores
+from paper_protocol import PROTOCOLS, selective_scores
 from data.records import RecordError
 from selective import aurc, ece, row_confidence, selective_risk
-
-PROTOCOLS = ("ours", "paper")
 
 
 def forecaster_name(row):
@@ -378,44 +378,51 @@ def format_paper_report(name, rep):
     return "\n".join(lines)
 
 
+@dataclass
+class Args:
+    """Score forecasts: accuracy, calibration, selective risk and speedup recovered under a
+    measurement budget, per forecaster and per task."""
+    predictions: list[str] = flag(None, "predictions in JSON Lines: our prediction rows or the paper's published "
+                                  "format (detected per line); several files (e.g. an LLM's and a cost model's) "
+                                  "are scored side by side", positional=True)
+    rows: str | None = flag(None, "the paper's eval-set rows (JSON Lines), joined on comparison_id to get true_bin, "
+                            "aggregated_speedup and pack")
+    protocol: str = flag("ours", "ours: the argmax is the scored bin, this project's risk-coverage; paper: the "
+                         "original's definitions (the stated bin, its AURC and selective risk; docs/FIDELITY.md), "
+                         "to reproduce the paper's tables", choices=PROTOCOLS)
+    plots: str | None = flag(None, "write PNG plots (reliability, risk-coverage, speedup recovered) into DIR; the "
+                             "risk-coverage legend's AURC is this project's definition", metavar="DIR")
+    json: bool = flag(False, "print one JSON object instead of tables (a single forecaster's report, or "
+                      "{\"forecasters\": {name: report}}), with the protocol used")
+    bin_rule: str | None = flag(None, "which bin is scored under --protocol ours: the argmax of the probabilities "
+                                "(default) or the model's stated bin; --protocol paper always scores the stated bin",
+                                choices=("argmax", "stated"))
+    discovery: float | None = flag(None, "the rows are parent->child pairs: add discovery-moment precision and "
+                                   "recall of flagging P(child >= 1.414x parent) >= TAU", metavar="TAU")
+
+
 def build_parser():
-    ap = argparse.ArgumentParser(
-        description="Score forecasts: accuracy, calibration, selective risk and speedup recovered "
-                    "under a measurement budget, per forecaster and per task.")
-    ap.add_argument("predictions", nargs="+", help="predictions in JSON Lines: our prediction rows or the "
-                                                   "paper's published format (detected per line); several files "
-                                                   "(e.g. an LLM's and a cost model's) are scored side by side")
-    ap.add_argument("--rows", help="the paper's eval-set rows (JSON Lines), joined on "
-                                   "comparison_id to get true_bin, aggregated_speedup and pack")
-    ap.add_argument("--protocol", choices=PROTOCOLS, default="ours",
-                    help="ours: the argmax is the scored bin, this project's risk-coverage; paper: "
-                         "the original's definitions (the stated bin, its AURC and selective risk; "
-                         "docs/FIDELITY.md), to reproduce the paper's tables")
-    ap.add_argument("--plots", metavar="DIR", help="write PNG plots (reliability, risk-coverage, "
-                                                   "speedup recovered) into DIR; the risk-coverage "
-                                                   "legend's AURC is this project's definition")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables "
-                    "(a single forecaster's report, or {\"forecasters\": {name: report}}), with "
-                    "the protocol used")
-    ap.add_argument("--bin-rule", choices=("argmax", "stated"), default=None,
-                    help="which bin is scored under --protocol ours: the argmax of the probabilities "
-                         "(default) or the model's stated bin; --protocol paper always scores the "
-                         "stated bin")
-    ap.add_argument("--discovery", type=float, metavar="TAU", default=None,
-                    help="the rows are parent->child pairs: add discovery-moment precision and "
-                         "recall of flagging P(child >= 1.414x parent) >= TAU")
-    return ap
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
+
+
+def parse_args(argv=None):
+    """Args from the command line, checked (a ValueError names the flag to fix), with the scored bin
+    the protocol's (paper_protocol.PROTOCOLS) when --bin-rule is left unset."""
+    args = cli.parse(Args, argv, gpu=False)
+    if args.protocol == "paper" and args.bin_rule == "argmax":
+        raise ValueError("--protocol paper scores the stated bin; drop --bin-rule argmax or use --protocol ours")
+    return replace(args, bin_rule=args.bin_rule or PROTOCOLS[args.protocol].bin_rule)
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.protocol == "paper" and args.bin_rule == "argmax":
-        print("error: --protocol paper scores the stated bin; drop --bin-rule argmax or use "
-              "--protocol ours", file=sys.stderr)
-        return 2
-    bin_rule = "stated" if args.protocol == "paper" else (args.bin_rule or "argmax")
     try:
-        rows = [r for path in args.predictions for r in load_predictions(path, args.rows, bin_rule)]
+        args = parse_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        rows = [r for path in args.predictions for r in load_predictions(path, args.rows, args.bin_rule)]
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -446,7 +453,7 @@ def main(argv=None):
               "trapezoid over the covered range (max-prob = p[stated bin], bin mismatch); r@50% = "
               "risk interpolated at 50% coverage; SR = speedup recovered (our definition)")
     else:
-        print(f"protocol: ours ({bin_rule} bin scored; --protocol paper for the original's "
+        print(f"protocol: ours ({args.bin_rule} bin scored; --protocol paper for the original's "
               "definitions, docs/FIDELITY.md)\n")
         print("\n\n".join(format_report(name, rep) for name, rep in reports.items()))
         if len(reports) > 1:

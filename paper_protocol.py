@@ -1,8 +1,14 @@
-"""paper_protocol.py: the original's selective-prediction definitions, for `metrics.py --protocol paper`.
+"""paper_protocol.py: the paper's protocol: what `--protocol paper` changes, and the original's
+selective-prediction definitions that `metrics.py --protocol paper` scores with.
 
-This project scores forecasts its own way (bins.py, selective.py, metrics.py); docs/FIDELITY.md
-lists each place where the original code release scored them differently. Under --protocol paper,
-metrics.py reads the rows with the stated bin as the scored bin (dataset.load_predictions,
+What a protocol decides is one table, PROTOCOLS: `ours` is this project's way, `paper` the
+original code release's (docs/FIDELITY.md lists each difference and why). The commands with a
+--protocol flag offer its names; search.py, forecaster.py and metrics.py fill in from it what a
+flag leaves unset (a flag the user sets wins). The prompt each protocol shows the model is
+forecast_prompt.py's.
+
+This project scores forecasts its own way (bins.py, selective.py, metrics.py). Under --protocol
+paper, metrics.py reads the rows with the stated bin as the scored bin (dataset.load_predictions,
 bin_rule="stated") and takes its selective-prediction figures from this module, which follows the
 original's definitions:
 
@@ -30,10 +36,35 @@ original's definitions:
    (None when neither defers).
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from bins import CONFIDENCE_KINDS, confidence
+
+
+# ---- the protocols: what each decides where a flag is left unset -----------------------------------
+
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol's defaults; each comment names the flag it fills in when that flag is unset."""
+    bin_rule: str         # the scored bin, "argmax" of the probabilities or the "stated" one (metrics.py --bin-rule)
+    parse_retries: int    # an answer that does not parse is generated again this often (--parse-retries)
+    max_new_tokens: int   # the forecaster's generation budget (forecaster.py --max-new-tokens)
+    keep_children: int    # children of one expansion kept in the archive (search.py --keep-children)
+    exact_budget: bool    # the search ends when --budget is spent: --steps defaults to the budget, not 40
+    paper_scale: bool     # the paper's --budget 320 and 16 --mutations per gated parent on any machine
+
+
+PROTOCOLS = {
+    "ours": Protocol(bin_rule="argmax", parse_retries=0, max_new_tokens=4096, keep_children=2,
+                     exact_budget=False, paper_scale=False),
+    "paper": Protocol(bin_rule="stated", parse_retries=1, max_new_tokens=16384, keep_children=4,
+                      exact_budget=True, paper_scale=True),
+}
+
+
+# ---- the original's selective-prediction definitions ---------------------------------------------
 
 RISKS = ("binary_mismatch", "speedup_distance", "regret")
 PROMPT_TABLE_LOG2_CENTRES = {2: -1.5, 3: -0.75, 4: -0.25, 5: 0.25, 6: 0.75, 7: 1.5}

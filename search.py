@@ -79,14 +79,13 @@ from pathlib import Path
 
 import bins
 from runtime import cli
-from data import plots
 from runtime.cli import flag
 from data.dataset import training_row
 from forecast_answer import Forecast
-from forecast_prompt import PROTOCOLS
 from models.forecaster_backends import EMBEDDED_DTYPES, ServerError
 from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
+from paper_protocol import PROTOCOLS
 from gate import GATES, RANK_KEYS, forecast_speedup, select
 from puct import Archive, Child
 from data.records import EventLog, RecordError, write_atomic
@@ -245,17 +244,12 @@ def parse_args(argv=None):
     return args
 
 
-# What a search logged before --protocol, --abstain, --forecast-reward and --parse-retries existed
-# did: such a log resumes under these values.
-LOGGED_BEFORE_PROTOCOLS = {"protocol": "ours", "abstain": False, "forecast_reward": False, "parse_retries": 0}
-
-
 def with_protocol_defaults(args):
-    """The options with the protocol's defaults filled in where none was given."""
-    paper = args.protocol == "paper"
-    return replace(args, keep_children=args.keep_children or (4 if paper else 2),
-                   parse_retries=int(paper) if args.parse_retries is None else args.parse_retries,
-                   steps=args.steps or (args.budget if paper and args.budget else 40))
+    """The options with the protocol's defaults (paper_protocol.PROTOCOLS) filled in where none was given."""
+    protocol = PROTOCOLS[args.protocol]
+    return replace(args, keep_children=args.keep_children or protocol.keep_children,
+                   parse_retries=protocol.parse_retries if args.parse_retries is None else args.parse_retries,
+                   steps=args.steps or (args.budget if protocol.exact_budget and args.budget else 40))
 
 
 # ---- the search -------------------------------------------------------------------------------
@@ -495,7 +489,6 @@ class Search:
         if old is None:
             self.log.append("config", None, "config", None, mine)
         else:
-            old = LOGGED_BEFORE_PROTOCOLS | old  # a log written before these options existed
             for k in list(mine) + [k for k in old if k not in mine]:  # task, gate, seed first
                 if old.get(k) != mine.get(k):
                     raise SearchError(f"{self.out} holds a run with {k}={old.get(k)!r}, but this "
@@ -564,6 +557,7 @@ def write_outputs(out, archive, summary, rows, curve=None, title=""):
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
     write_atomic(out / "training_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if curve is not None:
+        from data import plots  # matplotlib (which writes its config folders) only when a plot is drawn
         plots.plot_curves({f"{summary['gate']} gate": curve}, out / "best_speedup.png", title)
 
 
@@ -571,6 +565,7 @@ def write_compare(out, results, task):
     """compare.json and compare.png of a --compare run: {arm: summary} of the gated and the
     ungated search with the same budget."""
     out = Path(out)
+    from data import plots
     plots.plot_curves({f"{arm} ({s['gate']})": s["best_vs_measurements"] for arm, s in results.items()},
                  out / "compare.png", f"{task}: gated vs ungated search, same budget")
     write_atomic(out / "compare.json", json.dumps(results, indent=1))

@@ -33,6 +33,7 @@ from forecast_prompt import hardware_info
 from forecaster import Forecaster
 from models.lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
+from paper_protocol import PROTOCOLS
 
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
@@ -96,9 +97,9 @@ class LazyForecaster(BuiltOnFirstUse):
 def plan_search(args, say=print):
     """Pick the scale, the mutator, the forecaster, the budget and where measurements run for this
     machine, and say what was chosen."""
-    paper = args.protocol == "paper"
     say(f"protocol: {args.protocol}" + (" (the original's search: its forecast prompt, 4 children kept per "
-        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)" if paper
+        "parent, a failed forecast retried once, exactly --budget measurements; docs/FIDELITY.md)"
+        if args.protocol == "paper"
         else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     scale, has_gpu, where = choose_measurement(args, say)
     gated = args.gate != "none" or args.compare
@@ -259,7 +260,7 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
     readout = args.readout or ("logits" if embedded and not args.abstain else "verbalized")
     if args.abstain and readout != "verbalized":
         raise SetupError("--abstain needs the verbalized read-out (a deferral is a tool call); drop --readout logits")
-    retries = int(args.protocol == "paper") if args.parse_retries is None else args.parse_retries
+    retries = PROTOCOLS[args.protocol].parse_retries if args.parse_retries is None else args.parse_retries
     forecaster = LazyForecaster(lambda: Forecaster(build(), readout=readout, hardware=hardware,
                                                    protocol=args.protocol, abstain=args.abstain,
                                                    parse_retries=retries))
@@ -274,15 +275,15 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
 def choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say):
     """(budget, mutations per parent with a gate): the paper's 320 and 16 with an LLM mutator at
     benchmark scale (or --protocol paper), smaller on a CPU, each unless given."""
-    paper = args.protocol == "paper"
+    protocol = PROTOCOLS[args.protocol]
     gated_mutations = 16
-    if forecaster_name.startswith("embedded") and args.mutations is None and not paper:
+    if forecaster_name.startswith("embedded") and args.mutations is None and not protocol.paper_scale:
         gated_mutations = CPU_GATED_MUTATIONS
         say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
             "--mutations 16 once a real forecaster is at hand)")
     elif costmodel and args.mutations is None:
         say(f"mutations: {gated_mutations} per parent with a gate (a cost model's forecast takes milliseconds)")
-    real = (mutator_name.startswith("llm") and scale == "benchmark") or paper
+    real = (mutator_name.startswith("llm") and scale == "benchmark") or protocol.paper_scale
     budget = args.budget or (PAPER_BUDGET if real else CPU_BUDGET)
     if args.budget is None and not real:
         say(f"budget: {budget} measurements (the small default of a run without an LLM mutator or "

@@ -14,12 +14,14 @@ forecasts, kernels grouped by code), uniform and uncalibrated beside it, and wri
 Rows measured on a CPU carry CPU times of interpreted Triton kernels, not GPU times: the report
 says so when they are among the rows.
 """
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import cli
+from runtime.cli import flag
 from models.costmodel import MIN_ROWS, CostModel, CostModelError, check_out, labelled
 from models.costmodel_features import FEATURE_VERSION
 from data.dataset import load_rows
@@ -27,21 +29,23 @@ from forecast_prompt import HARDWARE_PROFILES, hardware_info, row_hardware
 from data.records import RecordError
 
 
+@dataclass
+class Args:
+    """Train the learned cost model (gradient-boosted trees on features of the code) that forecasts a
+    candidate's speedup bin, calibrated on held-out rows."""
+    data: list[str] = flag(None, "training rows (JSON Lines: a search's training_rows.jsonl, the paper's RL pool, "
+                           "an eval set); repeat the flag to pool several files", required=True, metavar="ROWS.jsonl")
+    out: str = flag(None, "model folder to write (new, empty, or a cost model folder, which is replaced)",
+                    required=True, metavar="DIR")
+    hardware: str = flag("a100-80gb", "hardware profile of rows that name none (the paper's); every other row's own "
+                         "hardware is a feature", choices=sorted(HARDWARE_PROFILES))
+    seed: int = flag(0, "seed of the folds and of the trees' bagging")
+    json: bool = flag(False, "print the calibration report as JSON too")
+
+
 def build_parser():
-    p = argparse.ArgumentParser(description="Train the learned cost model (gradient-boosted trees on features of "
-                                            "the code) that forecasts a candidate's speedup bin, calibrated on "
-                                            "held-out rows.")
-    p.add_argument("--data", action="append", required=True, metavar="ROWS.jsonl",
-                   help="training rows (JSON Lines: a search's training_rows.jsonl, the paper's RL pool, an eval "
-                        "set); repeat the flag to pool several files")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="model folder to write (new, empty, or a cost model folder, which is replaced)")
-    p.add_argument("--hardware", choices=sorted(HARDWARE_PROFILES), default="a100-80gb",
-                   help="hardware profile of rows that name none (default a100-80gb, the paper's); every other "
-                        "row's own hardware is a feature")
-    p.add_argument("--seed", type=int, default=0, help="seed of the folds and of the trees' bagging (default 0)")
-    p.add_argument("--json", action="store_true", help="print the calibration report as JSON too")
-    return p
+    """The command line of Args (cli.py): one --flag per field, with its default and help."""
+    return cli.parser(Args)
 
 
 def format_report(report):
@@ -58,7 +62,7 @@ def format_report(report):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = cli.parse(Args, argv, gpu=False)
     try:
         check_out(args.out)  # before any work: a bad --out fails at once
         rows = []

@@ -151,19 +151,20 @@ def written_predictions(path):
 #   deferral), parse_failed, parse_error, deferred, stated_bin, predicted_bin (the bin scored),
 #   raw_sum, true_bin, true_speedup (None when only the bin is known), where ("file:line").
 
-def _is_number(x):
+def is_finite_number(x):
+    """A finite int or float read from JSON; not a bool (JSON's true is not the number 1)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _bin_field(value, where, field):
-    if not _is_number(value) or value != int(value) or not 1 <= value <= N_BINS:
+    if not is_finite_number(value) or value != int(value) or not 1 <= value <= N_BINS:
         _fail(where, f"{field} must be an integer bin in 1..{N_BINS}, got {value!r}")
     return int(value)
 
 
 def _probs_field(values, where, field):
     """(probs summing to 1, raw sum) from a list of 8 numbers; RecordError if unusable."""
-    if not isinstance(values, list) or len(values) != N_BINS or not all(map(_is_number, values)):
+    if not isinstance(values, list) or len(values) != N_BINS or not all(map(is_finite_number, values)):
         _fail(where, f"{field} must be a list of {N_BINS} finite numbers, got {values!r}")
     if any(v < 0 for v in values):
         _fail(where, f"{field} has a negative probability: {values}")
@@ -197,7 +198,7 @@ def _truth(obj, where, speedup_key, bin_key, fix):
     if s is None and b is None:
         _fail(where, f"missing field {speedup_key!r} or {bin_key!r}; {fix}")
     if s is not None:
-        if not _is_number(s) or s <= 0:
+        if not is_finite_number(s) or s <= 0:
             _fail(where, f"{speedup_key} must be a finite number > 0, got {s!r}")
         s = float(s)
     if b is not None:
@@ -211,7 +212,7 @@ def _row(where, *, rid, task, model, readout, repeat, probs, raw_sum, failed, er
          truth, bin_rule, deferred=False):
     if not isinstance(task, str) or not task:
         _fail(where, "missing field 'task' (or 'pack'): the task this forecast is for")
-    if repeat is not None and (not _is_number(repeat) or repeat != int(repeat)):
+    if repeat is not None and (not is_finite_number(repeat) or repeat != int(repeat)):
         _fail(where, f"repeat must be an integer or null, got {repeat!r}")
     if failed or deferred:
         probs = raw_sum = predicted = None
@@ -245,7 +246,7 @@ def _our_row(obj, where, bin_rule):
             _fail(where, "missing field 'probs' (8 probabilities); set parse_failed: true if the "
                          "answer could not be parsed")
         probs, raw = _probs_field(obj["probs"], where, "probs")
-        if _is_number(obj.get("raw_sum")):
+        if is_finite_number(obj.get("raw_sum")):
             raw = obj["raw_sum"]  # the parser's sum before it renormalised
         if obj.get("stated_bin") is not None:
             stated = _bin_field(obj["stated_bin"], where, "stated_bin")
@@ -267,7 +268,7 @@ def _paper_row(obj, where, eval_rows, rows_path, bin_rule):
         if obj.get("bin_probabilities") is None:
             _fail(where, "missing field 'bin_probabilities'; or mark the row parse_failed: true")
         probs, raw = _paper_probs(obj["bin_probabilities"], where)
-        if _is_number(obj.get("raw_probability_sum")):
+        if is_finite_number(obj.get("raw_probability_sum")):
             raw = obj["raw_probability_sum"]
         if obj.get("predicted_bin") is not None:
             stated = _bin_field(obj["predicted_bin"], where, "predicted_bin")

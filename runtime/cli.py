@@ -3,9 +3,11 @@
 The cleanrl manner: a run's settings are one object, with a default and a line of help per
 field, that the run passes around, saves with its checkpoints and compares on --resume; argparse
 only reads it from the command line. `lora_rank: int = flag(32, "LoRA rank")` is `--lora-rank N`;
-a bool field is a switch, off by default; `choices` and `required` are argparse's; other keywords
-are kept in the field's metadata for the command's own use. --help shows every flag's default,
-and a bad flag is one line of error, not a usage dump.
+a bool field is a switch, off by default; a `list[str]` field is a flag given once per value
+(`--data A --data B`), or with positional=True the command's one-or-more plain arguments;
+`choices`, `required` and `metavar` are argparse's, `group` titles a section of --help; other
+keywords are kept in the field's metadata for the command's own use. --help shows every flag's
+default (but not None's or a switch's), and a bad flag is one line of error, not a usage dump.
 
 Parsing also refuses a machine whose NVIDIA driver torch cannot use (check_cuda): the project
 would otherwise run silently at CPU scale on a GPU machine.
@@ -23,9 +25,10 @@ NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")  # present where the NV
 CUDA_DRIVER_NEEDED = {"13": 580, "12": 525}
 
 
-def flag(default, help, *, choices=None, required=False, **meta):
+def flag(default, help, *, choices=None, required=False, metavar=None, positional=False, group=None, **meta):
     """A field of a settings dataclass: its default and the help line of its flag."""
     return dataclasses.field(default=default, metadata=dict(help=help, choices=choices, required=required,
+                                                            metavar=metavar, positional=positional, group=group,
                                                             **meta))
 
 
@@ -35,19 +38,40 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # "(default: None)" or a switch's "(default: False)" says nothing
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser(settings):
     """The argparse parser of a settings dataclass (its docstring is the description)."""
-    p = _Parser(description=settings.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(settings)
+    p = _Parser(description=settings.__doc__, formatter_class=_Help)
+    hints, groups = typing.get_type_hints(settings), {}
     for f in dataclasses.fields(settings):
         name, meta, kind = "--" + f.name.replace("_", "-"), f.metadata, hints[f.name]
+        if meta.get("group") and meta["group"] not in groups:
+            groups[meta["group"]] = p.add_argument_group(meta["group"])
+        where = groups.get(meta.get("group"), p)
         if kind is bool:
-            p.add_argument(name, action="store_true", help=meta["help"])
+            where.add_argument(name, action="store_true", help=meta["help"])
             continue
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `str | None`: a str or unset
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        p.add_argument(name, type=kind, default=f.default, choices=meta["choices"], required=meta["required"],
-                       help=meta["help"])
+        more = {"metavar": meta["metavar"]} if meta.get("metavar") else {}
+        if typing.get_origin(kind) is list:
+            kind = typing.get_args(kind)[0]
+            if meta.get("positional"):
+                more["nargs"] = "+"  # one or more plain arguments
+            else:
+                more["action"] = "append"  # the flag once per value
+        if meta.get("positional"):
+            where.add_argument(f.name, type=kind, default=f.default, choices=meta["choices"], help=meta["help"],
+                               **more)
+        else:
+            where.add_argument(name, type=kind, default=f.default, choices=meta["choices"],
+                               required=meta["required"], help=meta["help"], **more)
     return p
 
 
@@ -84,8 +108,10 @@ def check_cuda():
         sys.exit(2)
 
 
-def parse(settings, argv=None):
-    """The settings dataclass `settings` read from argv (sys.argv[1:] when None); then check_cuda."""
+def parse(settings, argv=None, *, gpu=True):
+    """The settings dataclass `settings` read from argv (sys.argv[1:] when None); then, for a
+    command that may run on a GPU (gpu=True), check_cuda."""
     args = settings(**vars(parser(settings).parse_args(argv)))
-    check_cuda()
+    if gpu:
+        check_cuda()
     return args

@@ -1,6 +1,6 @@
 """Tests of the search's protocols and the paper's pieces in it: --protocol paper (exactly the
 budget, 4 children kept, the forecaster's paper prompt and its retry), the abstain variant's
-deferrals, forecast as reward, fast_1, and resuming a log written before these options.
+deferrals, forecast as reward, fast_1, and refusing a log written before these options.
 
 The search runs with the scripted collaborators of test_search.py (bit-string kernels, a fake
 measure function), or from the command line with a fake measure function and the loopback fake
@@ -196,14 +196,19 @@ def test_cli_paper_protocol_with_abstain_over_a_served_forecaster(tmp_path, monk
 
 # ---- a log of an older search.py --------------------------------------------------------------
 
-def test_a_log_written_before_the_protocol_options_resumes(tmp_path):
+def test_a_log_written_before_the_protocol_options_is_refused_not_resumed(tmp_path):
+    # A log's config event is its search's identity. One that lacks the protocol options (an older
+    # search.py's) is not guessed at: a rerun into it is refused with the option named, as any
+    # other difference is, and nothing is measured again.
     s, first, measure = run(tmp_path, budget=4)
     log = tmp_path / "run" / "events.jsonl"
     events = [json.loads(line) for line in log.read_text().splitlines()]
     for key in ("protocol", "abstain", "forecast_reward", "parse_retries"):
         del events[0]["payload"][key]  # the config event of an older search.py
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
-    _, again, _ = run(tmp_path, budget=4, measure=measure)
-    assert again["measurements"] == 4 and len(measure.calls) == 5  # nothing measured again
-    with pytest.raises(SearchError, match="protocol='ours'.*protocol='paper'"):
+    assert first["measurements"] == 4 and len(measure.calls) == 5
+    with pytest.raises(SearchError, match="protocol=None.*protocol='ours'"):
+        run(tmp_path, budget=4, measure=measure)
+    with pytest.raises(SearchError, match="protocol=None.*protocol='paper'"):
         run(tmp_path, budget=4, measure=measure, protocol="paper")
+    assert len(measure.calls) == 5  # nothing measured again
