@@ -11,6 +11,15 @@ forecaster):
          ─▶ parse (forecast_answer.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
          ─▶ LoRA adapter ─▶ forecaster.py's TransformersBackend / vLLM LoRA
 
+A step of `train` is the paper's GRPO, one function a line:
+    samples = sample_groups(...)    G completions per prompt from the policy (grpo_sampling.py)
+    kept = score_groups(...)        parse, reward against the measured bin, advantage within the group
+    old_logprobs(...)               log pi_old of the sampled tokens, before any update
+    policy_step(...)                the clipped token-level loss, backward, optimiser step
+The loop's other lines are plumbing, marked so where they stand: resume (grpo_checkpoint.py),
+several processes (grpo_ddp.py), the log. One speed-up sits behind one function, share_prompts:
+the G samples of a prompt sharing one forward of it, the same log-probs and gradient.
+
 The samples come from the policy itself, or with --server from a vLLM server (grpo_sampling.py:
 sampled there, scored and trained on here; off-policy unless --server-sync-every reloads the
 adapter into it; docs/GPU.md).
@@ -34,10 +43,11 @@ This is DAPO's token-level normalisation: each token weighs the same, so a long 
 averaged down to the weight of a short one (GRPO's original per-sample mean did that). The count is
 global (all micro-batches, all processes), so micro-batching and multi-GPU give the same gradient
 as one big batch. logp_old is recorded by a no-grad forward right after sampling, before any
-update, so --ppo-epochs > 1 (several optimiser steps on the same samples) is sound; with one epoch
-r == 1 and the clip never acts. The reference policy for the KL term is the base model, i.e. the
-policy with its adapter disabled. Samples drawn on --server come from another policy: the surrogate
-(not the KL) of each token is weighted by min(exp(logp_old - logp_server), --tis-cap) (grpo_sampling.py).
+update (old_logprobs), so --ppo-epochs > 1 (several optimiser steps on the same samples) is sound;
+with one epoch r == 1 and the clip never acts. The reference policy for the KL term is the base
+model, i.e. the policy with its adapter disabled. Samples drawn on --server come from another
+policy: the surrogate (not the KL) of each token is weighted by min(exp(logp_old - logp_server),
+--tis-cap) (old_logprobs records the weights; grpo_sampling.py).
 
 Two answer formats:
   json   (default, the paper's): the model writes the forecaster's JSON answer freely, parsed by
@@ -431,9 +441,9 @@ class MicroBatch:
     batch: Batch
     prompt: tuple                  # the first sample's prompt token ids (with shared prompts, every sample's)
     adv: torch.Tensor              # (B,) group advantages
-    old_logp: torch.Tensor = None  # (B, Tc) log-probs under the policy that sampled them
-    ref_logp: torch.Tensor = None  # (B, Tc) under the base model (adapter off), for the KL term
-    weights: torch.Tensor = None   # (B, Tc) truncated importance weights of a server's samples
+    old_logp: torch.Tensor | None = None  # (B, Tc) log-probs under the policy that sampled them
+    ref_logp: torch.Tensor | None = None  # (B, Tc) under the base model (adapter off), for the KL term
+    weights: torch.Tensor | None = None   # (B, Tc) truncated importance weights of a server's samples
 
 
 def make_micro_batches(acc, kept, filler, args, share, pad_id, device):
@@ -477,7 +487,8 @@ def share_prompts(model, micro_batches, share, *, reference=False, sync=None):
                 continue
             if j == 0 or micro_batches[j - 1].prompt != mb.prompt:  # the first micro-batch of a group
                 kv = prompt_kv(model, list(mb.prompt))  # per layer (keys, values), each (1, heads, P - 1, head_dim)
-                prefix, ref_prefix = detached(kv) if grad else kv, None
+                prefix = detached(kv) if grad else kv  # leaves that gather the samples' gradient
+                ref_prefix = None
                 if reference:
                     with model.disable_adapter():
                         ref_prefix = prompt_kv(model, list(mb.prompt))
@@ -605,11 +616,13 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if device.type == "cuda":  # plumbing (logging)
             torch.cuda.reset_peak_memory_stats(device)
         seed_everything(args.seed, step, acc.process_index)  # plumbing (resume): the step is the RNG state
-        rows = my_share(acc, rows_for_step(train_rows, step, args.prompts_per_step, args.seed))  # DDP: my share
+        rows = rows_for_step(train_rows, step, args.prompts_per_step, args.seed)
+        rows = my_share(acc, rows)  # plumbing (DDP): this process's prompts of the step
 
         # 1. sample a group of G completions per prompt from the current policy (or, on --server,
         #    from the adapter it last loaded)
         if server is not None and args.server_sync_every and (step % args.server_sync_every == 0 or step == start):
+            # --server-sync-every: the server samples from the adapter of at most N steps ago
             served = sync_server_adapter(acc, server, wrapped, out, step)
         samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
                                 max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
@@ -618,13 +631,13 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         # 2. reward each completion against the measured bin; 3. group advantages (groups whose
         #    rewards are all equal carry no signal and are dropped)
         kept, keep, totals = score_groups(samples, rows, parse, args)
+        # (micro-batches bound the memory a forward holds; the loss counts every token of the step)
         micro_batches, n_tokens = make_micro_batches(acc, kept, samples[0], args, share, policy.pad_id, device)
         # 4. the log-probs of the sampled tokens under the policy that sampled them, before any update
         tis_sums = old_logprobs(model, micro_batches, args, allowed, share, tis)
         # 5. the clipped policy loss, backward, optimiser step (--ppo-epochs of them on these samples)
         loss_sum, clipped, kl, grad_norm = policy_step(acc, wrapped, optimizer, params, micro_batches, n_tokens,
                                                        args, allowed, share)
-        del micro_batches
 
         # plumbing (logging, resume): the step's log line, a checkpoint every --save-every steps
         rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args,
