@@ -11,6 +11,15 @@ forecaster):
          ─▶ parse (forecast_answer.parse_answer) ─▶ reward ─▶ advantage ─▶ clipped policy gradient
          ─▶ LoRA adapter ─▶ forecaster.py's TransformersBackend / vLLM LoRA
 
+A step of `train` is the paper's GRPO, one function a line:
+    samples = sample_groups(...)    G completions per prompt from the policy (grpo_sampling.py)
+    kept = score_groups(...)        parse, reward against the measured bin, advantage within the group
+    old_logprobs(...)               log pi_old of the sampled tokens, before any update
+    policy_step(...)                the clipped token-level loss, backward, optimiser step
+The loop's other lines are plumbing, marked so where they stand: resume (grpo_checkpoint.py),
+several processes (grpo_ddp.py), the log. One speed-up sits behind one function, share_prompts:
+the G samples of a prompt sharing one forward of it, the same log-probs and gradient.
+
 The samples come from the policy itself, or with --server from a vLLM server (grpo_sampling.py:
 sampled there, scored and trained on here; off-policy unless --server-sync-every reloads the
 adapter into it; docs/GPU.md).
@@ -34,10 +43,11 @@ This is DAPO's token-level normalisation: each token weighs the same, so a long 
 averaged down to the weight of a short one (GRPO's original per-sample mean did that). The count is
 global (all micro-batches, all processes), so micro-batching and multi-GPU give the same gradient
 as one big batch. logp_old is recorded by a no-grad forward right after sampling, before any
-update, so --ppo-epochs > 1 (several optimiser steps on the same samples) is sound; with one epoch
-r == 1 and the clip never acts. The reference policy for the KL term is the base model, i.e. the
-policy with its adapter disabled. Samples drawn on --server come from another policy: the surrogate
-(not the KL) of each token is weighted by min(exp(logp_old - logp_server), --tis-cap) (grpo_sampling.py).
+update (old_logprobs), so --ppo-epochs > 1 (several optimiser steps on the same samples) is sound;
+with one epoch r == 1 and the clip never acts. The reference policy for the KL term is the base
+model, i.e. the policy with its adapter disabled. Samples drawn on --server come from another
+policy: the surrogate (not the KL) of each token is weighted by min(exp(logp_old - logp_server),
+--tis-cap) (old_logprobs records the weights; grpo_sampling.py).
 
 Two answer formats:
   json   (default, the paper's): the model writes the forecaster's JSON answer freely, parsed by
@@ -69,6 +79,7 @@ GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpoint
 CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out runs/x --embedded \\
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
+import contextlib
 import json
 import math
 import random
@@ -88,12 +99,13 @@ import metrics
 from runtime.cli import flag
 from data.dataset import load_predictions, load_rows, prediction_row
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
-from forecast_prompt import PROTOCOLS, answer_tools, build_messages, hardware_info, row_hardware
+from forecast_prompt import answer_tools, build_messages, hardware_info, row_hardware
+from paper_protocol import PROTOCOLS
 from runtime.grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
-from runtime.grpo_ddp import average_gradients, balance_micro_batches, my_share, step_record, sync_context
+from runtime.grpo_ddp import average_gradients, balance_micro_batches, filler_mask, my_share, step_record, sync_context
 from models.forecaster_backends import OpenAIServerBackend, ServerError
 from runtime.grpo_sampling import importance_weights, sample_groups, sampler_logprobs_batch, sync_server_adapter
-from models.lm import LM, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
+from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 from data.records import write_atomic
 
 REWARDS = ("correctness", "brier", "crps")
@@ -380,7 +392,7 @@ def check_training_memory(args, device, *, config=None, prompt_tokens=0, max_new
         raise ValueError(problem)
 
 
-# ---- the GRPO loop -------------------------------------------------------------------------------
+# ---- the GRPO step: score the groups, the behaviour policy's log-probs, the policy step ------------
 
 def group_scores(forecasts, true_bin, kind, protocol="ours", weight=1.0):
     """Rewards and the step's logging scores of one group (a parse failure scores as uniform p)."""
@@ -394,6 +406,137 @@ def group_scores(forecasts, true_bin, kind, protocol="ours", weight=1.0):
         "crps": sum(bins.crps(p, true_bin) for p in probs)}
 
 
+def score_groups(samples, rows, parse, args):
+    """GRPO's reward and advantage: parse each sample of a step into a forecast, reward it against
+    its row's measured bin, and compare it with its group (group_advantages). samples: prompt-major,
+    args.group_size per row. Returns (the samples of the kept groups, each with its advantage `adv`;
+    keep [n_groups] bool; the step's logging totals, summed over groups)."""
+    G, rewards, totals = args.group_size, [], {}
+    for i, row in enumerate(rows):
+        forecasts = [parse(s["text"]) for s in samples[i * G:(i + 1) * G]]
+        group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward, args.protocol,
+                                             args.score_weight)
+        rewards.append(group_rewards)
+        totals = {k: totals.get(k, 0) + v for k, v in scores.items()}
+    advantages, keep = group_advantages(rewards, args.scale_std)  # (n_groups, G), (n_groups,)
+    kept = [dict(s, adv=float(advantages[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
+    return kept, keep, totals
+
+
+@dataclass
+class MicroBatch:
+    """The samples of one forward and backward pass, and what old_logprobs records of them."""
+    samples: list                  # B sample dicts (grpo_sampling.sample_groups), each with its `adv`
+    batch: Batch
+    prompt: tuple                  # the first sample's prompt token ids (with shared prompts, every sample's)
+    adv: torch.Tensor              # (B,) group advantages
+    old_logp: torch.Tensor | None = None  # (B, Tc) log-probs under the policy that sampled them
+    ref_logp: torch.Tensor | None = None  # (B, Tc) under the base model (adapter off), for the KL term
+    weights: torch.Tensor | None = None   # (B, Tc) truncated importance weights of a server's samples
+
+
+def make_micro_batches(acc, kept, filler, args, share, pad_id, device):
+    """The kept samples in micro-batches of --micro-batch-size, and the step's completion-token
+    count over all processes (grpo_loss's normaliser). With shared prompts a micro-batch never
+    mixes groups, so that one prompt forward serves each (share_prompts)."""
+    G, size = args.group_size, args.micro_batch_size
+    if share:
+        split = [kept[g + j:g + min(j + size, G)] for g in range(0, len(kept), G) for j in range(0, G, size)]
+    else:
+        split = [kept[j:j + size] for j in range(0, len(kept), size)]
+    # plumbing (DDP): the same number of backward passes on every process, zero-weight fillers
+    n_tokens, split = balance_micro_batches(acc, split, filler)
+    micro_batches = []
+    for samples in split:
+        batch = collate(samples, pad_id, device)
+        batch = batch._replace(completion_mask=filler_mask(samples, batch.completion_mask))  # plumbing (DDP)
+        adv = torch.tensor([s["adv"] for s in samples], device=device)  # (B,)
+        micro_batches.append(MicroBatch(samples, batch, tuple(samples[0]["prompt"]), adv))
+    return micro_batches, n_tokens
+
+
+def share_prompts(model, micro_batches, share, *, reference=False, sync=None):
+    """The prompt-sharing path, all of it. Yields (micro-batch, prefix, ref_prefix): the prompt KV
+    (lm.prompt_kv) the micro-batch's forward starts from under the policy and, with `reference`,
+    under the base model (adapter off). Without `share` both are None: every forward runs over
+    its whole prompt, and the micro-batches come through as they are.
+
+    With `share` one prompt forward serves a run of micro-batches of the same prompt (a group's;
+    make_micro_batches never mixes groups then), G - 1 prompt forwards saved. Under grad (the
+    training pass) the samples' backward stops at detached leaves of that KV, gathering their
+    gradient, and after the run's last micro-batch one backward sends it through the prompt's
+    forward (lm.backward_prompt): the same gradient. sync(is_last): the context in which a
+    micro-batch's forward and backward run, its prompt's with it (DDP: grpo_ddp.sync_context)."""
+    grad = torch.is_grad_enabled()
+    for j, mb in enumerate(micro_batches):
+        is_last = j == len(micro_batches) - 1
+        with sync(is_last) if sync else contextlib.nullcontext():
+            if not share:
+                yield mb, None, None
+                continue
+            if j == 0 or micro_batches[j - 1].prompt != mb.prompt:  # the first micro-batch of a group
+                kv = prompt_kv(model, list(mb.prompt))  # per layer (keys, values), each (1, heads, P - 1, head_dim)
+                prefix = detached(kv) if grad else kv  # leaves that gather the samples' gradient
+                ref_prefix = None
+                if reference:
+                    with model.disable_adapter():
+                        ref_prefix = prompt_kv(model, list(mb.prompt))
+            yield mb, prefix, ref_prefix
+            if grad and (is_last or micro_batches[j + 1].prompt != mb.prompt):  # the group's last
+                backward_prompt(kv, prefix)
+
+
+@torch.no_grad()
+def old_logprobs(model, micro_batches, args, allowed, share, tis):
+    """GRPO's behaviour policy: log pi_old of every sampled token, recorded before any update, so
+    that the ratio of the --ppo-epochs steps is pi / pi_old (and 1 on the first); with --kl-coef
+    the reference policy's, the base model with its adapter off; with tis (samples drawn on
+    --server) the truncated importance weights min(pi_old / pi_server, --tis-cap)
+    (grpo_sampling.importance_weights). Sets each MicroBatch's old_logp, ref_logp and weights;
+    returns (the weights' sum, the capped tokens' count) over the completion tokens, for the log."""
+    tis_sums = [0.0, 0.0]
+    for mb, prefix, ref_prefix in share_prompts(model, micro_batches, share, reference=args.kl_coef > 0):
+        mask = mb.batch.completion_mask  # (B, Tc)
+        mb.old_logp = completion_logprobs(model, mb.batch, args.temperature, allowed, prefix=prefix)  # (B, Tc)
+        if args.kl_coef > 0:
+            with model.disable_adapter():
+                mb.ref_logp = completion_logprobs(model, mb.batch, args.temperature, allowed,
+                                                  prefix=ref_prefix)  # (B, Tc)
+        if tis:
+            server_logp = sampler_logprobs_batch(mb.samples, mb.old_logp.shape[1], mb.adv.device)  # (B, Tc)
+            mb.weights = importance_weights(mb.old_logp, server_logp, mask, args.tis_cap)  # (B, Tc)
+            capped = (mb.old_logp - server_logp > math.log(args.tis_cap)) & (mask > 0)  # (B, Tc)
+            tis_sums[0] += float((mb.weights * mask).sum())
+            tis_sums[1] += float(capped.sum())
+    return tis_sums
+
+
+def policy_step(acc, wrapped, optimizer, params, micro_batches, n_tokens, args, allowed, share):
+    """GRPO's update: the token-level clipped loss (grpo_loss) of every micro-batch, backward,
+    then one optimiser step; --ppo-epochs such steps on the same samples. Returns (the loss, the
+    clipped tokens, the KL summed over tokens, each a mean over epochs; the last gradient norm)."""
+    loss_sum, clipped, kl, grad_norm = 0.0, 0.0, 0.0, None
+    sync = lambda is_last: sync_context(acc, wrapped, is_last, share)  # noqa: E731  plumbing (DDP)
+    for _ in range(args.ppo_epochs if n_tokens > 0 else 0):
+        for mb, prefix, _ in share_prompts(wrapped, micro_batches, share, sync=sync):
+            logp = completion_logprobs(wrapped, mb.batch, args.temperature, allowed, prefix=prefix)  # (B, Tc)
+            # the sum over this micro-batch's tokens / the step's count; DDP averages over processes
+            loss, stats = grpo_loss(logp, mb.old_logp, mb.adv, mb.batch.completion_mask,
+                                    n_tokens / acc.num_processes, args.clip_eps, mb.ref_logp,
+                                    args.kl_coef, mb.weights)  # ()
+            acc.backward(loss)
+            loss_sum += loss.detach().item() / args.ppo_epochs
+            clipped += stats["clipped"] / args.ppo_epochs
+            kl += stats.get("kl", 0.0) / args.ppo_epochs
+        average_gradients(acc, params, share)  # plumbing (DDP): by hand when prompts are shared
+        grad_norm = float(acc.clip_grad_norm_(params, args.max_grad_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss_sum, clipped, kl, grad_norm
+
+
+# ---- the GRPO loop -------------------------------------------------------------------------------
+
 def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     """Run GRPO as configured by `args` (an Args); returns {"log": [...], "eval": {...}}.
 
@@ -402,7 +545,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     instead of --model (an adapter is added to it)."""
     from accelerate import Accelerator
     from tqdm import tqdm
-    acc = Accelerator()
+    acc = Accelerator()  # plumbing (DDP): one process per GPU under accelerate launch
     device, out = acc.device, Path(args.out)
     rows = load_rows(args.data)
     for row in rows:  # an unknown hardware name fails before any model loads
@@ -411,10 +554,10 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     if not train_rows:
         raise ValueError(f"{args.data}: no training rows left after holding out --holdout-task "
                          f"{args.holdout_task}; hold out another task")
-    if args.prompts_per_step < acc.num_processes:
+    if args.prompts_per_step < acc.num_processes:  # plumbing (DDP)
         raise ValueError(f"--prompts-per-step {args.prompts_per_step} < {acc.num_processes} "
                          f"processes; give every process at least one prompt")
-    if (out / "log.jsonl").exists() and not args.resume:
+    if (out / "log.jsonl").exists() and not args.resume:  # plumbing (resume)
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
     max_new = args.votes if args.answer_format == "votes" else args.max_new_tokens
@@ -435,15 +578,15 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
                       else parse_answer)
     allowed = None
     if args.answer_format == "votes":  # the completion is exactly K bin digits
-        allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
+        allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)  # (vocab,)
         allowed[policy.candidate_ids(DIGITS)] = True  # ValueError unless each is one token
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    start = load_checkpoint(model, optimizer, out, args) if args.resume else 0
-    acc.wait_for_everyone()
+    start = load_checkpoint(model, optimizer, out, args) if args.resume else 0  # plumbing (resume)
+    acc.wait_for_everyone()  # plumbing (DDP)
     out.mkdir(parents=True, exist_ok=True)
-    wrapped, optimizer = acc.prepare(model, optimizer)
-    G, temperature, records = args.group_size, args.temperature, []
+    wrapped, optimizer = acc.prepare(model, optimizer)  # plumbing (DDP): the model DDP-wrapped
+    G, records = args.group_size, []
     # one prompt forward serves a group's samples (lm.prompt_kv) where that pays, the same in every process
     probe = [prompt_fn(r) for r in train_rows[:8]]
     if device.type == "cuda":  # with the weights loaded: a micro-batch at the longest row's real prompt length
@@ -458,97 +601,34 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
                disable=not acc.is_main_process)
     for step in bar:
-        t0 = time.perf_counter()
-        if device.type == "cuda":
+        t0 = time.perf_counter()  # plumbing (logging)
+        if device.type == "cuda":  # plumbing (logging)
             torch.cuda.reset_peak_memory_stats(device)
-        seed_everything(args.seed, step, acc.process_index)
-        rows = my_share(acc, rows_for_step(train_rows, step, args.prompts_per_step, args.seed))
+        seed_everything(args.seed, step, acc.process_index)  # plumbing (resume): the step is the RNG state
+        rows = rows_for_step(train_rows, step, args.prompts_per_step, args.seed)
+        rows = my_share(acc, rows)  # plumbing (DDP): this process's prompts of the step
 
         # 1. sample a group of G completions per prompt from the current policy (or, on --server,
         #    from the adapter it last loaded)
         if server is not None and args.server_sync_every and (step % args.server_sync_every == 0 or step == start):
+            # --server-sync-every: the server samples from the adapter of at most N steps ago
             served = sync_server_adapter(acc, server, wrapped, out, step)
-        samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=temperature,
+        samples = sample_groups(policy, [prompt_fn(r) for r in rows], G, temperature=args.temperature,
                                 max_new_tokens=max_new, batch_size=args.gen_batch_size or None, allowed=allowed,
                                 share_prompt=share_prompt, server=server, served_model=served, sampler_logprobs=tis,
                                 switch=switch)
-        # 2. parse each completion into a forecast; 3. reward it against the measured bin
-        rewards, totals = [], {}
-        for i, row in enumerate(rows):
-            forecasts = [parse(s["text"]) for s in samples[i * G:(i + 1) * G]]
-            group_rewards, scores = group_scores(forecasts, row["true_bin"], args.reward, args.protocol,
-                                                 args.score_weight)
-            rewards.append(group_rewards)
-            totals = {k: totals.get(k, 0) + v for k, v in scores.items()}
-        # 4. group advantages; groups whose rewards are all equal carry no signal and are dropped
-        advantages, keep = group_advantages(rewards, args.scale_std)
-        kept = [dict(s, adv=float(advantages[i // G, i % G])) for i, s in enumerate(samples) if keep[i // G]]
-        # sharing, micro-batches never mix groups, so that one prompt forward serves each of them
-        mb = args.micro_batch_size
-        micro_batches = ([kept[g + j:g + min(j + mb, G)] for g in range(0, len(kept), G) for j in range(0, G, mb)]
-                         if share else [kept[j:j + mb] for j in range(0, len(kept), mb)])
-        n_tokens, micro_batches = balance_micro_batches(acc, micro_batches, filler=samples[0])
+        # 2. reward each completion against the measured bin; 3. group advantages (groups whose
+        #    rewards are all equal carry no signal and are dropped)
+        kept, keep, totals = score_groups(samples, rows, parse, args)
+        # (micro-batches bound the memory a forward holds; the loss counts every token of the step)
+        micro_batches, n_tokens = make_micro_batches(acc, kept, samples[0], args, share, policy.pad_id, device)
+        # 4. the log-probs of the sampled tokens under the policy that sampled them, before any update
+        tis_sums = old_logprobs(model, micro_batches, args, allowed, share, tis)
+        # 5. the clipped policy loss, backward, optimiser step (--ppo-epochs of them on these samples)
+        loss_sum, clipped, kl, grad_norm = policy_step(acc, wrapped, optimizer, params, micro_batches, n_tokens,
+                                                       args, allowed, share)
 
-        # 5. log-probs of the sampled tokens under the policy that sampled them (and under the
-        #    reference policy, the base model with its adapter off, for the KL term), before any update;
-        #    the importance weights of samples drawn on a server
-        prepared, prompt_cache, tis_sums = [], {}, [0.0, 0.0]
-        with torch.no_grad():
-            for batch_samples in micro_batches:
-                batch = collate(batch_samples, policy.pad_id, device)
-                if batch_samples[0].get("filler"):
-                    batch = batch[:3] + (torch.zeros_like(batch[3]), batch[4])
-                prompt = tuple(batch_samples[0]["prompt"])
-                if share and prompt not in prompt_cache:
-                    prompt_cache[prompt] = (prompt_kv(model, list(prompt)), None)
-                    if args.kl_coef > 0:
-                        with model.disable_adapter():
-                            prompt_cache[prompt] = (prompt_cache[prompt][0], prompt_kv(model, list(prompt)))
-                kv, ref_kv = prompt_cache.get(prompt, (None, None))
-                old_logp = completion_logprobs(model, batch, temperature, allowed, prefix=kv)
-                ref_logp = None
-                if args.kl_coef > 0:
-                    with model.disable_adapter():
-                        ref_logp = completion_logprobs(model, batch, temperature, allowed, prefix=ref_kv)
-                weights = None
-                if tis:
-                    server_logp = sampler_logprobs_batch(batch_samples, old_logp.shape[1], device)
-                    weights = importance_weights(old_logp, server_logp, batch[3], args.tis_cap)
-                    capped = (old_logp - server_logp > math.log(args.tis_cap)) & (batch[3] > 0)
-                    tis_sums[0] += float((weights * batch[3]).sum())
-                    tis_sums[1] += float(capped.sum())
-                adv = torch.tensor([s["adv"] for s in batch_samples], device=device)
-                prepared.append((batch, old_logp, ref_logp, adv, prompt, weights))
-        del prompt_cache
-
-        # 6. the token-level clipped loss, backward, optimiser step; --ppo-epochs steps on these samples
-        loss_sum, clipped, kl, grad_norm = 0.0, 0.0, 0.0, None
-        for _ in range(args.ppo_epochs if n_tokens > 0 else 0):
-            prompt_grad = None  # (the group's prompt KV with its graph, its detached leaves)
-            for j, (batch, old_logp, ref_logp, adv, prompt, weights) in enumerate(prepared):
-                group_ends = j == len(prepared) - 1 or prepared[j + 1][4] != prompt
-                with sync_context(acc, wrapped, j == len(prepared) - 1, share):
-                    if share and prompt_grad is None:
-                        kv = prompt_kv(wrapped, list(prompt))
-                        prompt_grad = (kv, detached(kv))
-                    logp = completion_logprobs(wrapped, batch, temperature, allowed,
-                                               prefix=prompt_grad[1] if share else None)
-                    loss, stats = grpo_loss(logp, old_logp, adv, batch[3], n_tokens / acc.num_processes,
-                                            args.clip_eps, ref_logp, args.kl_coef, weights)
-                    acc.backward(loss)
-                    if share and group_ends:  # the group's last micro-batch: now through the prompt
-                        backward_prompt(*prompt_grad)
-                        prompt_grad = None
-                loss_sum += loss.detach().item() / args.ppo_epochs
-                clipped += stats["clipped"] / args.ppo_epochs
-                kl += stats.get("kl", 0.0) / args.ppo_epochs
-            if share:
-                average_gradients(acc, params)
-            grad_norm = float(acc.clip_grad_norm_(params, args.max_grad_norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        # 7. log, checkpoint
+        # plumbing (logging, resume): the step's log line, a checkpoint every --save-every steps
         rec = step_record(acc, step, totals, int(keep.sum()), len(rows), n_tokens, loss_sum, clipped, kl, args,
                           tis_sums)
         rec.update(grad_norm=grad_norm, step_time_s=round(time.perf_counter() - t0, 4),

@@ -42,6 +42,7 @@ import inspect
 import os
 import time
 import warnings
+from typing import NamedTuple
 from pathlib import Path
 
 import torch
@@ -594,10 +595,20 @@ def cache_columns(rows, prefix_lens):
 LOGPROB_CHUNK = 1024  # completion positions projected to logits at once by completion_logprobs
 
 
+class Batch(NamedTuple):
+    """A micro-batch's tensors by name, as collate lays them out (and completion_logprobs reads
+    them): prompts left-padded to width P, completions right-padded to Tc, so that every
+    completion starts in column P."""
+    input_ids: torch.Tensor        # (B, P + Tc)
+    attention_mask: torch.Tensor   # (B, P + Tc), 1 on prompt and completion tokens
+    position_ids: torch.Tensor     # (B, P + Tc), restarting after the left padding
+    completion_mask: torch.Tensor  # (B, Tc), 1 on completion tokens
+    prompt_width: int              # P
+
+
 def collate(samples, pad_id, device):
     """Left-pad prompts and right-pad completions so every completion starts in the same column.
-    samples: [{"prompt": ids, "completion": ids}]. Returns (input_ids, attention_mask,
-    position_ids, completion_mask [B, Tc], prompt width)."""
+    samples: [{"prompt": ids, "completion": ids}] -> a Batch."""
     P = max(len(s["prompt"]) for s in samples)
     Tc = max(len(s["completion"]) for s in samples)
     ids = torch.full((len(samples), P + Tc), pad_id, dtype=torch.long)
@@ -607,7 +618,7 @@ def collate(samples, pad_id, device):
         ids[i, P - len(p):P + len(c)] = torch.tensor(p + c, dtype=torch.long)
         attn[i, P - len(p):P + len(c)] = 1
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # positions restart after the left padding
-    return ids.to(device), attn.to(device), pos.to(device), attn[:, P:].to(device), P
+    return Batch(ids.to(device), attn.to(device), pos.to(device), attn[:, P:].to(device), P)
 
 
 def prompt_kv(model, prompt):

@@ -6,7 +6,8 @@ loop's phases:
   - my_share: each process takes every N-th prompt of a step;
   - balance_micro_batches: the step's completion-token count over all processes (the loss
     normaliser), and zero-weight filler micro-batches, so that every process runs the same number
-    of backward passes (DDP's all-reduce waits for all of them);
+    of backward passes (DDP's all-reduce waits for all of them); filler_mask gives a filler's
+    completion tokens zero weight;
   - sync_context / average_gradients: when gradients are all-reduced (a shared prompt's gradient
     arrives in parts, which DDP's own all-reduce cannot follow, so then it is done by hand);
   - step_record: the step's log line, sums over processes, then means.
@@ -32,6 +33,12 @@ def balance_micro_batches(acc, micro_batches, filler):
     return n_tokens, micro_batches + [[dict(filler, adv=0.0, filler=True)]] * (n_micro - len(micro_batches))
 
 
+def filler_mask(samples, completion_mask):
+    """The completion mask [B, Tc] of a micro-batch of `samples`: zeros for a filler one
+    (balance_micro_batches), whose backward pass then adds nothing to the gradient or the loss."""
+    return torch.zeros_like(completion_mask) if samples[0].get("filler") else completion_mask
+
+
 def sync_context(acc, wrapped, is_last, share):
     """DDP all-reduces gradients on the step's last backward only. A shared prompt's gradient
     arrives in parts (samples, then the prompt), which that all-reduce cannot follow: then no
@@ -39,8 +46,10 @@ def sync_context(acc, wrapped, is_last, share):
     return contextlib.nullcontext() if is_last and not share else acc.no_sync(wrapped)
 
 
-def average_gradients(acc, params):
-    if acc.num_processes > 1:
+def average_gradients(acc, params, share):
+    """With shared prompts no backward synced (sync_context): average the gradients over the
+    processes here. Otherwise DDP did, on the step's last backward."""
+    if share and acc.num_processes > 1:
         for p in params:
             if p.grad is not None:
                 p.grad = acc.reduce(p.grad, "mean")
