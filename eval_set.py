@@ -1,7 +1,7 @@
 """eval_set.py: build an eval set and an RL training pool from searches' measured kernels.
 
-    python eval_set.py runs/cross_entropy-topk-0 runs/trimul-topk-0 --out data/ --per-bin 53
-    python eval_set.py runs/cross_entropy-topk-0 --out data/ --per-bin 8 --fill --fill-budget 8 --server URL
+    python eval_set.py runs/cross_entropy-topk-0 runs/trimul-topk-0 --out runs/evalset --per-bin 53
+    python eval_set.py runs/cross_entropy-topk-0 --out runs/evalset --per-bin 8 --fill --fill-budget 8 --server URL
 
 The paper (docs/PAPER.md §10) published, from the event logs of its searches, a held-out eval set
 of 424 (anchor, candidate) pairs balanced over the 8 bins, an RL training pool, and 1,347
@@ -43,13 +43,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import cli
 from bins import speedup_to_bin
-from data.pair_sampler import (check_kernel, effective_speedup, eval_row, format_report,
-                          read_kernels, sample_pairs, unique_kernels)
+from data.pair_sampler import check_kernel, effective_speedup, eval_row, format_report, read_kernels, sample_pairs, unique_kernels
 from data.records import RecordError, read_jsonl, write_atomic
+from runtime import cli
 from runtime.cli import flag
 from tasks import TASK_NAMES
+
 
 def family_of(task):
     """The benchmark family a discovery pair names: gpu_mode for the six GPU MODE problems,

@@ -32,10 +32,10 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from models import harmony
 import bins
 from data.dataset import is_finite_number
 from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME
+from models import harmony
 
 DIGITS = tuple(str(b) for b in bins.BINS)  # the bins as the model writes them, one token each
 ANSWER_PREFIX = '{"predicted_bin": '

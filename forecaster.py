@@ -48,18 +48,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import bins
-from runtime import cli
-from runtime.cli import flag
 from data.dataset import load_rows, prediction_row, written_predictions
+from data.records import cache_dir, write_atomic
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
-from forecast_prompt import (HARDWARE_PROFILES, answer_tools, build_messages, hardware_info, row_hardware,
-                             shared_messages)
+from forecast_prompt import HARDWARE_PROFILES, answer_tools, build_messages, hardware_info, row_hardware, shared_messages
+from gate import Gate
 from models.costmodel import CostModel, CostModelForecaster
 from models.forecaster_backends import EMBEDDED_DTYPES, Completion, choose_backend
-from gate import Gate
 from models.lm import DEFAULT_MODEL, REASONING_EFFORTS
-from data.records import cache_dir, write_atomic
 from paper_protocol import PROTOCOLS
+from runtime import cli
+from runtime.cli import flag
 
 DEFAULT_CACHE_DIR = cache_dir("forecasts")
 
@@ -218,6 +217,7 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
     is shown the hardware it was measured on (its `hardware` field; forecaster.hardware for a row
     that names none). Discovery pairs are rows too: the child is forecast against its parent."""
     from tqdm import tqdm
+
     from tasks import TASK_NAMES
     rows = load_rows(rows_path, tasks=TASK_NAMES)
     done = written_predictions(out_path)

@@ -64,12 +64,12 @@ import sys
 import time
 from pathlib import Path
 
-from runtime import cli
-from runtime.cli import flag
+from data.records import cache_dir, write_atomic
 from harness.measure_channel import WorkerFailed, new_token, pin, printable, workers
 from harness.measure_sandbox import require_sandbox
 from harness.measure_worker import case_str
-from data.records import cache_dir, write_atomic
+from runtime import cli
+from runtime.cli import flag
 
 HARNESS_VERSION = "3.1"  # 3.1: outputs judged as GPU MODE judges them (cast, kinds of non-finite); GPU MODE shapes
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")

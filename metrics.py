@@ -48,13 +48,24 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from runtime import cli
-from bins import (BIN_EDGES, CONFIDENCE_KINDS, UNIFORM, brier, crps, expected_log2_speedup, hit,
-                  nll, off_by_one_hit, predicted_bin, prob_at_least)
-from runtime.cli import flag
+from bins import (
+    BIN_EDGES,
+    CONFIDENCE_KINDS,
+    UNIFORM,
+    brier,
+    crps,
+    expected_log2_speedup,
+    hit,
+    nll,
+    off_by_one_hit,
+    predicted_bin,
+    prob_at_least,
+)
 from data.dataset import load_predictions
-from paper_protocol import PROTOCOLS, selective_scores
 from data.records import RecordError
+from paper_protocol import PROTOCOLS, selective_scores
+from runtime import cli
+from runtime.cli import flag
 from selective import aurc, ece, row_confidence, selective_risk
 
 

@@ -42,7 +42,6 @@ import numpy as np
 
 from bins import CONFIDENCE_KINDS, confidence
 
-
 # ---- the protocols: what each decides where a flag is left unset -----------------------------------
 
 @dataclass(frozen=True)

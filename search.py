@@ -78,20 +78,21 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import bins
-from runtime import cli
-from runtime.cli import flag
+import tasks
 from data.dataset import training_row
+from data.records import EventLog, RecordError, write_atomic
 from forecast_answer import Forecast
+from gate import GATES, RANK_KEYS, forecast_speedup, select
 from models.forecaster_backends import EMBEDDED_DTYPES, ServerError
 from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
 from paper_protocol import PROTOCOLS
-from gate import GATES, RANK_KEYS, forecast_speedup, select
 from puct import Archive, Child
-from data.records import EventLog, RecordError, write_atomic
+from runtime import cli
+from runtime.cli import flag
 from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, plan_search
-import tasks
 from tasks import TASK_NAMES
+
 
 class SearchError(Exception):
     """A problem the user can fix; main() prints it as one line."""

@@ -27,10 +27,10 @@ builds): a resumed run whose requests are all answered from its event log builds
 import functools
 from dataclasses import dataclass
 
-from models import forecaster_backends as backends
-from models.costmodel import CostModelForecaster
 from forecast_prompt import hardware_info
 from forecaster import Forecaster
+from models import forecaster_backends as backends
+from models.costmodel import CostModelForecaster
 from models.lm import DEFAULT_MODEL, ModelNotFound
 from mutators import CatalogMutator, LLMMutator
 from paper_protocol import PROTOCOLS

@@ -20,7 +20,6 @@ import numpy as np
 
 from bins import confidence
 
-
 # ---- calibration ----------------------------------------------------------------------------
 
 def row_confidence(row, kind="maxprob"):

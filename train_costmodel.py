@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import cli
-from runtime.cli import flag
+from data.dataset import load_rows
+from data.records import RecordError
+from forecast_prompt import HARDWARE_PROFILES, hardware_info, row_hardware
 from models.costmodel import MIN_ROWS, CostModel, CostModelError, check_out, labelled
 from models.costmodel_features import FEATURE_VERSION
-from data.dataset import load_rows
-from forecast_prompt import HARDWARE_PROFILES, hardware_info, row_hardware
-from data.records import RecordError
+from runtime import cli
+from runtime.cli import flag
 
 
 @dataclass

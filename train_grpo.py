@@ -92,21 +92,20 @@ import numpy as np
 import torch
 
 import bins
-from runtime import cli
-from models import lm
-from models import lm_memory
 import metrics
-from runtime.cli import flag
 from data.dataset import load_predictions, load_rows, prediction_row
+from data.records import write_atomic
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import answer_tools, build_messages, hardware_info, row_hardware
+from models import lm, lm_memory
+from models.forecaster_backends import OpenAIServerBackend, ServerError
+from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
 from paper_protocol import PROTOCOLS
+from runtime import cli
+from runtime.cli import flag
 from runtime.grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from runtime.grpo_ddp import average_gradients, balance_micro_batches, filler_mask, my_share, step_record, sync_context
-from models.forecaster_backends import OpenAIServerBackend, ServerError
 from runtime.grpo_sampling import importance_weights, sample_groups, sampler_logprobs_batch, sync_server_adapter
-from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
-from data.records import write_atomic
 
 REWARDS = ("correctness", "brier", "crps")
 

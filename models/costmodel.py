@@ -58,9 +58,9 @@ import numpy as np
 
 import bins
 import selective
-from models.costmodel_features import FEATURE_VERSION, feature_names, pair_features
 from forecast_answer import Forecast
 from forecast_prompt import row_hardware
+from models.costmodel_features import FEATURE_VERSION, feature_names, pair_features
 
 ENSEMBLE = 5
 ROUNDS = 150

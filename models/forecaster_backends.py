@@ -41,8 +41,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from models import harmony
-from models import lm
+from models import harmony, lm
 from models.lm import DEFAULT_MODEL, ModelNotFound
 
 

@@ -85,8 +85,7 @@ def is_harmony_model(config):
 
 def render(messages, tools, reasoning_effort):
     """Token ids of a conversation in harmony format, ending with `<|start|>assistant`."""
-    from openai_harmony import (Conversation, DeveloperContent, Message, ReasoningEffort, Role,
-                                SystemContent, ToolDescription)
+    from openai_harmony import Conversation, DeveloperContent, Message, ReasoningEffort, Role, SystemContent, ToolDescription
     effort = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM,
               "high": ReasoningEffort.HIGH}[reasoning_effort]
     system = SystemContent.new().with_reasoning_effort(effort).with_conversation_start_date(START_DATE)

@@ -42,15 +42,15 @@ import inspect
 import os
 import time
 import warnings
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
+from data.records import cache_dir
 from models import harmony
 from models.lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
 from models.prefix_attention import FLEX_SINKS, use_flex_sinks, use_prefix_attention
-from data.records import cache_dir
 
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 REASONING_EFFORTS = ("low", "medium", "high")

@@ -115,8 +115,13 @@ def flex_block_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, ma
     """transformers' flex block mask (masking_utils.flex_attention_mask), built by our compiled
     create_block_mask so that its compiles are counted and limited like the attention's."""
     from torch.nn.attention.flex_attention import create_block_mask
-    from transformers.masking_utils import (add_offsets_to_mask_function, and_masks, causal_mask_function,
-                                            padding_mask_function, prepare_padding_mask)
+    from transformers.masking_utils import (
+        add_offsets_to_mask_function,
+        and_masks,
+        causal_mask_function,
+        padding_mask_function,
+        prepare_padding_mask,
+    )
     mask_function = mask_function or causal_mask_function
     if attention_mask is not None and not bool(attention_mask.all()):
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)

@@ -37,8 +37,7 @@ import queue
 import threading
 import time
 
-from harness import measure_channel
-from harness import measure_sandbox
+from harness import measure_channel, measure_sandbox
 
 
 def pool_devices(devices="all", workers=None):

@@ -122,8 +122,8 @@ def costmodel_cv(rows, folds, seed=0):
     (forecasts, train seconds per training row, forecast seconds per row)."""
     import numpy as np
 
-    from models.costmodel import CostModel, CostModelForecaster, fold_of, labelled
     from forecast_prompt import hardware_info, row_hardware
+    from models.costmodel import CostModel, CostModelForecaster, fold_of, labelled
     cpu = hardware_info("cpu")
     X, y, groups, true_bins = labelled(rows, cpu)
     fold, k = fold_of(groups, seed, folds)

@@ -45,8 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.path)
-from models.forecaster_backends import EMBEDDED_DTYPES, embedded_dtype  # noqa: E402
+
 from data.records import read_jsonl  # noqa: E402
+from models.forecaster_backends import EMBEDDED_DTYPES, embedded_dtype  # noqa: E402
 
 TASK = "cross_entropy"
 HARDWARE = "NVIDIA A100-SXM4-80GB"  # the rows' hardware (see the docstring)

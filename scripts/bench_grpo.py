@@ -32,8 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from runtime import cli  # noqa: E402
 import train_grpo  # noqa: E402
+from runtime import cli  # noqa: E402
 
 
 def machine():

@@ -59,12 +59,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bins  # noqa: E402
-from runtime import cli  # noqa: E402
-from data import plots  # noqa: E402
 import train_grpo  # noqa: E402
+from data import plots  # noqa: E402
 from data.dataset import load_predictions  # noqa: E402
-from forecast_answer import DIGITS, Forecast  # noqa: E402
 from data.records import read_jsonl  # noqa: E402
+from forecast_answer import DIGITS, Forecast  # noqa: E402
+from runtime import cli  # noqa: E402
 
 DEFAULT_SETTINGS = "correctness,brier,crps,crps:7"
 SHAPES = {  # offset from the level -> probability of that bin

@@ -229,8 +229,8 @@ def grpo_costs(emit, build_model, rows_path, folder, steps=3, extra=()):
     """Median GRPO step time (after the first) without and with prompt sharing; a fresh model each."""
     import statistics
 
-    from runtime import cli
     import train_grpo
+    from runtime import cli
     runs = (("no sharing", ["--no-prefix-cache"]), ("shared prompt (checkpointing on)", []),
             ("shared prompt, no checkpointing", ["--no-gradient-checkpointing"]))
     emit("| GRPO, votes, 2 prompts x G = 8 | step s (median after the first) | peak GiB | groups kept |")
@@ -269,11 +269,10 @@ def engine_sections(emit, layers=24, prompt_tokens=4600, new_tokens=256):
     MXFP4 experts (with the `kernels` package) change the weights' memory and the expert matmuls;
     the rest is this shape's."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from models import lm
-    from models import lm_memory
-    from models import prefix_attention
     import tiny_models
     from transformers import AutoConfig
+
+    from models import lm, lm_memory, prefix_attention
     try:
         real = AutoConfig.for_model("gpt_oss", num_hidden_layers=24, vocab_size=tiny_models.HARMONY_VOCAB,
                                     quantization_config={"quant_method": "mxfp4"}, **GPT_OSS_20B_WIDTH)
@@ -359,6 +358,7 @@ def surrogate_sections(emit, args):
     import tempfile
 
     from bench_forecast import candidates, write_rows
+
     from tasks import seed_source
     measurement_s = measurement_throughput(emit, args.throughput_candidates, unsafe=args.unsafe_no_sandbox)
     emit(f"### forecast cost vs a measurement ({measurement_s:.1f} s): a GPT-OSS of GPT-OSS-20B's width "

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import bins
-from data import dataset
 import selective
+from data import dataset
 from forecast_answer import DIGITS, Forecast
 from train_grpo import parse_votes, reward
 

@@ -12,17 +12,17 @@ import math
 import random
 
 import pytest
+from test_search import FakeMeasurement
 
 import bins
 import forecaster
 import metrics
 import search
 import train_costmodel
-from models.costmodel import CostModel, CostModelError, CostModelForecaster, labelled
-from models.costmodel_features import CODE_KEYS, EDIT_KEYS, code_features, edit_features, feature_names, pair_features
 from data.dataset import load_predictions, load_rows
+from models.costmodel import CostModel, CostModelForecaster, labelled
+from models.costmodel_features import CODE_KEYS, EDIT_KEYS, code_features, edit_features, feature_names, pair_features
 from tasks import seed_source
-from test_search import FakeMeasurement
 
 SYNTHETIC = '''"""A synthetic elementwise kernel."""
 import torch

@@ -4,12 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_bins import onehot
 
 import metrics
 from data.dataset import load_predictions, load_rows
-from metrics import forecaster_name
 from data.records import RecordError
-from test_bins import onehot
+from metrics import forecaster_name
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 

@@ -9,15 +9,14 @@ import json
 import random
 
 import pytest
+from test_pair_sampler import kernel
 
 import eval_set
-from data import pair_sampler
 from bins import speedup_to_bin
+from data import pair_sampler
 from data.dataset import load_rows
 from runtime.measure_pool import MeasurePool
 from search import Args, Search
-from test_pair_sampler import kernel
-
 
 # ---- scripted searches --------------------------------------------------------------------------
 

@@ -2,8 +2,17 @@
 import pytest
 
 import bins
-from forecast_prompt import (FORECAST_TOOL, HARDWARE_PROFILES, PROB_FIELDS, TOOL_NAME, build_messages, hardware_info,
-                             hardware_profile, row_hardware, shared_messages)
+from forecast_prompt import (
+    FORECAST_TOOL,
+    HARDWARE_PROFILES,
+    PROB_FIELDS,
+    TOOL_NAME,
+    build_messages,
+    hardware_info,
+    hardware_profile,
+    row_hardware,
+    shared_messages,
+)
 
 A100 = hardware_info("a100-80gb")
 REF = "import torch\n\ndef custom_kernel(data):\n    logits, targets, g = data\n    return reference(logits, targets, g)\n"

@@ -5,13 +5,23 @@ command line."""
 import json
 
 import pytest
+from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 
 import forecaster as F
-from fake_openai_server import FakeOpenAIServer, final_text, tool_call
 from forecast_answer import parse_answer
+from forecast_prompt import (
+    DEFER_TOOL,
+    DEFER_TOOL_NAME,
+    PAPER_PROB_FIELDS,
+    PROB_FIELDS,
+    TOOL_NAME,
+    answer_tools,
+    build_messages,
+    forecast_tool,
+    hardware_info,
+    shared_messages,
+)
 from gate import Gate
-from forecast_prompt import (DEFER_TOOL, DEFER_TOOL_NAME, PAPER_PROB_FIELDS, PROB_FIELDS, TOOL_NAME, answer_tools,
-                             build_messages, forecast_tool, hardware_info, shared_messages)
 from models.forecaster_backends import Completion, OpenAIServerBackend
 
 A100 = hardware_info("a100-80gb")
@@ -183,6 +193,7 @@ def test_server_paper_protocol_and_abstain_round_trip():
 
 def test_harmony_renders_both_tools_and_reads_a_deferral(o200k):
     from openai_harmony import Message, RenderOptions, Role
+
     from models import harmony
     enc = harmony.encoding()
     messages = build_messages("cross_entropy", REF, CAND, A100, protocol="paper", abstain=True)
@@ -201,8 +212,9 @@ def test_harmony_renders_both_tools_and_reads_a_deferral(o200k):
 # ---- the command line ---------------------------------------------------------------------------------
 
 def test_cli_paper_protocol_with_abstain_writes_deferrals_that_metrics_counts(tmp_path, capsys):
-    import metrics
     from pathlib import Path
+
+    import metrics
     fixtures = Path(__file__).parent / "fixtures"
     out = tmp_path / "p.jsonl"
     backend = Scripted(call({"reason": "unsure"}, DEFER_TOOL_NAME))

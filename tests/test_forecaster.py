@@ -1,60 +1,23 @@
-"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the gate (gate.py), the CLI and
+"""Tests of forecaster.py: the Forecaster (batches, shared prefixes, cache), the CLI and
 --eval (also on the paper's discovery pairs: tests/fixtures/paper_discovery_pairs.jsonl is hand-made,
 real kernels of tasks/kernels, invented speedups)."""
 import json
-import math
 from pathlib import Path
 
 import pytest
+from test_forecast_answer import args, call
+from test_forecast_prompt import A100, CAND, REF
 
 import forecaster
 import forecaster as F
 import metrics
-from gate import Gate
 from data.dataset import load_rows
-from forecast_answer import Forecast, failure
+from data.records import RecordError
 from forecast_prompt import build_messages, shared_messages
 from models.forecaster_backends import Completion
-from data.records import RecordError
 from tasks import TASK_NAMES
-from test_forecast_answer import args, call
-from test_forecast_prompt import A100, CAND, REF
 
 FIX = Path(__file__).resolve().parent / "fixtures"
-
-
-# ---- the gate ---------------------------------------------------------------------------------------------
-
-def test_gate_decisions():
-    sure = Forecast(probs=[0, 0, 0, 0.05, 0.9, 0.05, 0, 0], predicted_bin=5)
-    unsure = Forecast(probs=[0.125] * 8, predicted_bin=1)
-    failed = failure("bad JSON")
-    gate = Gate("maxprob", 0.5)
-    assert [gate.decide(f) for f in (sure, unsure, failed)] == ["trust", "defer", "defer"]
-    assert Gate("entropy", 0.5).decide(sure) == "trust" and Gate("entropy", 0.5).decide(unsure) == "defer"
-    assert Gate("margin", 0.9).decide(sure) == "defer" and Gate("margin", 0.8).decide(sure) == "trust"
-    assert Gate("maxprob", 0.0).decide(failed) == "defer"
-    with pytest.raises(ValueError):
-        Gate("variance", 0.5)
-
-
-def test_gate_from_labelled_meets_target_risk():
-    # confident forecasts are right, unsure ones are wrong: a threshold must separate them
-    forecasts, truth = [], []
-    for i in range(200):
-        conf = 0.4 + 0.5 * i / 199
-        p = [(1 - conf) / 7] * 8
-        p[4] = conf
-        forecasts.append(Forecast(probs=p, predicted_bin=5))
-        truth.append(5 if conf > 0.6 else 2)
-    forecasts.append(failure("no answer"))
-    truth.append(5)
-    gate = Gate.from_labelled(forecasts, truth, target_risk=0.1, delta=0.05)
-    trusted = [(f, y) for f, y in zip(forecasts, truth) if gate.decide(f) == "trust"]
-    risk = sum(f.predicted_bin != y for f, y in trusted) / len(trusted)
-    assert 0.5 < gate.threshold < 0.9 and len(trusted) > 100 and risk < 0.1
-    always_wrong = Gate.from_labelled(forecasts[:200], [1] * 200, target_risk=0.1, delta=0.05)
-    assert always_wrong.threshold == math.inf and always_wrong.decide(forecasts[199]) == "defer"
 
 
 # ---- cache -----------------------------------------------------------------------------------------------

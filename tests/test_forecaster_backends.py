@@ -4,19 +4,25 @@ import socket
 import time
 
 import pytest
-
-import bins
-import forecaster as F
-from fake_openai_server import (MODELS, FakeOpenAIServer, default_reply, error, final_text, logprobs, text_completion,
-                                token_logprobs)
-from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
-from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
-from models.forecaster_backends import (OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend,
-                                 embedded_dtype)
+from fake_openai_server import (
+    MODELS,
+    FakeOpenAIServer,
+    default_reply,
+    error,
+    final_text,
+    logprobs,
+    text_completion,
+    token_logprobs,
+)
 from test_forecast_answer import TOOL, args
 from test_forecast_prompt import A100, CAND, REF
 from tiny_models import HARMONY_VOCAB, load_smollm2, tiny_gpt_oss
 
+import bins
+import forecaster as F
+from forecast_answer import ANSWER_PREFIX, DIGITS, parse_completion, reasoning_of
+from forecast_prompt import FORECAST_TOOL, build_messages, shared_messages
+from models.forecaster_backends import OpenAIServerBackend, ServerError, TransformersBackend, embedded_backend, embedded_dtype
 
 # ---- a tiny random GPT-OSS, end to end -----------------------------------------------------------
 
@@ -367,10 +373,10 @@ def test_embedded_dtype_is_bf16_only_on_cpus_that_compute_bf16_natively(monkeypa
 
 def test_embedded_backend_loads_the_model_in_the_dtype_asked_for(monkeypatch, capsys):
     import torch
-
-    from models import lm
     from tiny_models import tiny_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models import lm
 
     def tiny_embedded():
         config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

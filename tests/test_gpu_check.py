@@ -1,6 +1,5 @@
 """Tests of scripts/gpu_check.py, the parts that run on CPU."""
 import pytest
-
 from test_forecast_prompt import CAND, REF
 from tiny_models import HARMONY_VOCAB
 

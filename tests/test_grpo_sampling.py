@@ -3,14 +3,13 @@ import math
 
 import pytest
 import torch
-
-from runtime import grpo_sampling
-from models import lm
 from fake_openai_server import FakeOpenAIServer
-from models.forecaster_backends import OpenAIServerBackend
 from test_lm import adapted_policy_and_long_prompt
 from test_train_grpo import tiny_policy
 
+from models import lm
+from models.forecaster_backends import OpenAIServerBackend
+from runtime import grpo_sampling
 
 # ---- sampling locally: a group's rows generate from one forward of their prompt -------------------
 

@@ -2,11 +2,12 @@
 import hashlib
 import json
 
-from forecast_answer import parse_answer
-from forecast_prompt import FORECAST_TOOL, TOOL_NAME, build_messages
 from test_forecast_answer import TOOL, args
 from test_forecast_prompt import A100, CAND, REF
 from tiny_models import O200K_SHA256
+
+from forecast_answer import parse_answer
+from forecast_prompt import FORECAST_TOOL, TOOL_NAME, build_messages
 
 
 def test_o200k_vocabulary_is_the_official_file(o200k):
@@ -18,6 +19,7 @@ def test_o200k_vocabulary_is_the_official_file(o200k):
 
 def test_harmony_render_and_parse_round_trip(o200k):
     from openai_harmony import Message, RenderOptions, Role
+
     from models import harmony
     enc = harmony.encoding()
     messages = build_messages("cross_entropy", REF, CAND, A100)

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from models import lm  # noqa: E402
-from models import lm_memory  # noqa: E402
-from models import prefix_attention  # noqa: E402
 import tiny_models  # noqa: E402
 from test_lm_memory import GIB, gpt_oss_20b_config  # noqa: E402
 from test_train_grpo import tiny_policy  # noqa: E402
 
+from models import (
+    lm,  # noqa: E402
+    lm_memory,  # noqa: E402
+    prefix_attention,  # noqa: E402
+)
 
 # ---- loading ----------------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ def test_mxfp4_problem_names_what_transformers_needs(monkeypatch):
     one, the `kernels` package in the version window transformers names."""
     import torch
     from transformers.utils import import_utils
+
     from models import lm
     assert lm.mxfp4_problem() == "no CUDA GPU" or torch.cuda.is_available()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -102,8 +103,9 @@ def test_training_bytes_bounds_a_micro_batch_on_cuda():
     attention, LoRA on attention and experts with gradient checkpointing, one 4,096-token row (1,024
     prompt + 3,072 completion), forward and backward of the completion's log-probs."""
     import torch
-    from models import lm
     from transformers import GptOssForCausalLM
+
+    from models import lm
     cfg = gpt_oss_20b_config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     with torch.device("cuda"):
         model = lm.use_attention(GptOssForCausalLM(cfg).to(torch.bfloat16))

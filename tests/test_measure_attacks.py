@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 import measure
-from harness import measure_channel
-from harness import measure_sandbox
+from harness import measure_channel, measure_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ROOT / "tests" / "attacks"

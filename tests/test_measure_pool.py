@@ -15,8 +15,8 @@ import time
 import pytest
 
 import measure
-from runtime import measure_pool
 from harness import measure_channel
+from runtime import measure_pool
 from runtime.measure_pool import MeasurePool, pool_devices
 from tasks import seed_source, variant_sources
 
@@ -181,9 +181,9 @@ def bits_in_pairs(task, source, *, meeting, **kw):
 
 def test_a_small_search_on_a_ray_local_cluster(cluster, tmp_path):
     import ray
+    from test_search import BitMutator, cfg
 
     import search
-    from test_search import BitMutator, cfg
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake travels to the workers
     pool = measure_pool.RayPool("local", measure_fn=bits_in_pairs)  # joins the running cluster
     (tmp_path / "meeting").mkdir()

@@ -60,9 +60,10 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
     and a bad baseline is a one-line usage error before any worker starts."""
     import io
 
+    from triton.runtime import interpreter
+
     import measure
     from harness import measure_worker
-    from triton.runtime import interpreter
     monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
     eager = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO())
     compiled = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO(), baseline="compile")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_bins import onehot
+from test_dataset import GOOD, write_lines
 
 import bins
 import metrics
-from test_bins import onehot
-from test_dataset import GOOD, write_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).resolve().parent / "fixtures"

@@ -6,7 +6,6 @@ import pytest
 from mutators import CatalogMutator, LLMMutator, extract_code, feedback_text, mutation_messages, set_tunable, tunables
 from puct import Node
 
-
 # ---- the LLM mutator -----------------------------------------------------------------------------
 
 class RecordingBackend:

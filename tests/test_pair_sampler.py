@@ -6,8 +6,8 @@ from itertools import combinations
 
 import pytest
 
-from data import pair_sampler
 from bins import speedup_to_bin
+from data import pair_sampler
 from data.dataset import load_rows
 from data.pair_sampler import Group, sample_pairs, water_fill
 

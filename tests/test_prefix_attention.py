@@ -12,9 +12,11 @@ def test_split_attention_after_a_prefix_is_sdpa():
     prefixes longer and shorter than the new part); a Llama (SDPA) backend forecasting one row at a
     time over a cached prefix gets the full prompts' probabilities."""
     import types
+
     import torch
-    from models import prefix_attention
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from models import prefix_attention
     torch.manual_seed(0)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
     for width, new in ((40, 9), (5, 30)):
@@ -48,8 +50,8 @@ def forecast_over_a_prefix(dtype):
     over their cached shared prefix: (backend, full probabilities, reused probabilities); the
     prefix is computed once."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
     from tiny_models import tiny_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
@@ -74,8 +76,10 @@ def test_flex_sinks_keeps_the_log_sum_exp_in_fp32():
     output is the renormalisation of flex's output done exactly, to within bf16's rounding of the
     result; renormalised from a bf16 log-sum-exp, it is not."""
     import types
-    from models import prefix_attention
+
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    from models import prefix_attention
     torch.manual_seed(0)
     B, H, KV, n, d = 1, 4, 2, 64, 16
     q, k, v = (torch.randn(B, h, n, d).to(torch.bfloat16) for h in (H, KV, KV))
@@ -104,8 +108,9 @@ def test_flex_sinks_matches_eager_and_decoding_does_not_recompile():
     eager attention's, and once two generations of different lengths have compiled what the mix
     of shapes needs, a third, whose offsets and lengths differ at every step, compiles nothing new:
     the limit is never reached, so flex never falls back to materialising the scores."""
-    from models import prefix_attention
     import tiny_models
+
+    from models import prefix_attention
     torch.manual_seed(0)
     model = tiny_models.tiny_gpt_oss()
     ids = torch.randint(5, 500, (3, 48))
@@ -128,9 +133,11 @@ def test_flex_sinks_fails_loudly_at_the_recompile_limit(monkeypatch):
     """Where dynamo would give up compiling flex attention (its silent fall-back materialises the
     scores), it raises instead."""
     import types
-    from models import prefix_attention
+
     from torch._dynamo.exc import FailOnRecompileLimitHit
     from torch.nn.attention.flex_attention import create_block_mask
+
+    from models import prefix_attention
     prefix_attention.use_flex_sinks()
     assert torch._dynamo.config.recompile_limit >= prefix_attention.FLEX_RECOMPILE_LIMIT
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+from test_search import run
 
 from data.records import EventLog, RecordError, cache_dir, read_jsonl, write_atomic
-from test_search import run
 
 
 def test_cache_dir_honours_the_environment(monkeypatch, tmp_path):

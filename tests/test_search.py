@@ -15,15 +15,14 @@ import threading
 import time
 
 import pytest
+from test_mutators import RecordingBackend
 
 import bins
 import search
-from runtime.measure_pool import MeasurePool
 from mutators import LLMMutator
+from runtime.measure_pool import MeasurePool
 from search import Args, Search, SearchError
 from search_setup import Plan
-from test_mutators import RecordingBackend
-
 
 # ---- scripted collaborators ------------------------------------------------------------------
 
@@ -605,8 +604,7 @@ def test_compare_runs_gated_and_ungated_with_the_same_budget(tmp_path, monkeypat
 # ---- goal-conditioned search (--target-bin) and fast_1 -----------------------------------------------
 
 def test_goal_conditioned_search_keeps_the_kernels_closest_to_the_band(tmp_path):
-    from mutators import goal_band
-    from mutators import goal_reward
+    from mutators import goal_band, goal_reward
     # bin 5 = [1.414x, 2x), midpoint 2^0.75 = 1.68x; BitMeasure's speedups are 1 + (number of ones)
     assert goal_band(5)[2] == pytest.approx(2 ** 0.75)
     assert goal_band(1)[2] == pytest.approx(2 ** -1.5) and goal_band(8)[2] == pytest.approx(2 ** 2.5)

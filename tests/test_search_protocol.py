@@ -9,16 +9,15 @@ import json
 import threading
 
 import pytest
+from fake_openai_server import FakeOpenAIServer, final_text, tool_call
+from test_search import BitMeasure, FakeMeasurement, ScriptedForecaster, peaked, run
 
 import bins
 import search
-from fake_openai_server import FakeOpenAIServer, final_text, tool_call
-from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, TOOL_NAME
-from search import SearchError, parse_args
-from gate import forecast_speedup, rank_key
 from forecast_answer import Forecast
-from test_search import BitMeasure, FakeMeasurement, ScriptedForecaster, peaked, run
-
+from forecast_prompt import DEFER_TOOL_NAME, PAPER_PROB_FIELDS, TOOL_NAME
+from gate import forecast_speedup, rank_key
+from search import SearchError, parse_args
 
 # ---- --protocol paper --------------------------------------------------------------------------
 

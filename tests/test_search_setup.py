@@ -2,24 +2,23 @@
 import copy
 
 import pytest
-import torch
-
-from runtime import cli
-from models import lm
-import search
 import tiny_models
-from search import parse_args
+import torch
 from test_lm import lora_policy
 
+import search
+from models import lm
+from runtime import cli
+from search import parse_args
 
 # ---- a local LLM beside the measure workers ------------------------------------------------------
 
 def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
     import torch
 
-    from models import forecaster_backends
-    from harness import measure_sandbox
     import search_setup
+    from harness import measure_sandbox
+    from models import forecaster_backends
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(measure_sandbox, "require_sandbox", lambda: None)
     monkeypatch.setattr(forecaster_backends, "pick_local_model", lambda name: "a-local-model")
@@ -79,9 +78,10 @@ def test_memory_check_plans_gpt_oss_as_it_will_load(tmp_path, monkeypatch):
     run MXFP4 (the pinned stack: no `kernels` package in the window it wants) it loads 41.8 GB of
     bf16. The check plans what will load: beside cross_entropy's workers on a card with 60 GiB
     free, the MXFP4 model fits and the bf16 one does not."""
-    from models import lm
-    import search_setup
     from test_lm_memory import gpt_oss_20b_config
+
+    import search_setup
+    from models import lm
     gib = 2 ** 30
     model = tmp_path / "gpt-oss-20b"
     gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"}).save_pretrained(model)

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import selective
 
-
 # ---- calibration ----------------------------------------------------------------------------
 
 def test_ece_hand_example():

@@ -9,8 +9,7 @@ import re
 import pytest
 import torch
 
-from tasks import get_task, seed_path, variant_paths
-from tasks import _gdn
+from tasks import _gdn, get_task, seed_path, variant_paths
 
 TASKS = ("fp8_quant", "gdn_chunk_fwd_h", "gdn_chunk_fwd_o", "gdn_recompute_w_u")
 GDN = ("gdn_chunk_fwd_h", "gdn_chunk_fwd_o", "gdn_recompute_w_u")

@@ -31,15 +31,16 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast_answer import Forecast, failure  # noqa: E402
-from models.forecaster_backends import TransformersBackend  # noqa: E402
-import bins  # noqa: E402
-from runtime import cli  # noqa: E402
-from data import dataset  # noqa: E402
-from models import lm  # noqa: E402
-from data.dataset import load_predictions  # noqa: E402
 import tiny_models  # noqa: E402
+
+import bins  # noqa: E402
 import train_grpo  # noqa: E402
+from data import dataset  # noqa: E402
+from data.dataset import load_predictions  # noqa: E402
+from forecast_answer import Forecast, failure  # noqa: E402
+from models import lm  # noqa: E402
+from models.forecaster_backends import TransformersBackend  # noqa: E402
+from runtime import cli  # noqa: E402
 
 
 def fc(probs):
@@ -595,10 +596,10 @@ def test_training_memory_check_beside_a_server_on_one_gpu():
     """Issue 22: `vllm serve` at --gpu-memory-utilization 0.75 holds ~106 GB of an H200's 141 GB,
     and GPT-OSS-20B's bf16 weights alone are 41.8 GB: train_grpo.py --server must stop at start-up
     with one line naming the utilization that leaves the trainer its share, and that share fits."""
-    from models import lm
-    from models import lm_memory
-    import train_grpo
     from test_lm_memory import gpt_oss_20b_config
+
+    import train_grpo
+    from models import lm, lm_memory
     cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
     weights = lm.weights_on_load(cfg, training=True)[0]  # dequantised for LoRA: bf16
     step = lm_memory.training_bytes(cfg, tokens=4600 + 8192)

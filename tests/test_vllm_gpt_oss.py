@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -82,9 +81,10 @@ if importlib.util.find_spec("vllm") is not None and os.environ.get("GPU_FORECAST
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, o200k):
     """(backend, local model, url): the tiny GPT-OSS served with docs/GPU.md's flags."""
+    from tiny_models import VLLM_CPU_FLAGS, VLLM_FLAGS, save_servable_gpt_oss, vllm_server
+
     from models import harmony
     from models.forecaster_backends import OpenAIServerBackend
-    from tiny_models import VLLM_CPU_FLAGS, VLLM_FLAGS, save_servable_gpt_oss, vllm_server
     reuse = os.environ.get("VLLM_TIER_GPT_OSS")  # "URL,FOLDER": a server already up (while developing)
     if reuse:
         from transformers import GptOssForCausalLM
@@ -119,9 +119,10 @@ def long_candidate():
 
 def test_the_server_renders_our_harmony_prompt_token_for_token(served):
     """The date pinned on both sides: vLLM's prompt for a forecast request is harmony.render's."""
-    from models import harmony
-    from forecast_prompt import FORECAST_TOOL, build_messages
     from test_forecast_prompt import A100, CAND, REF
+
+    from forecast_prompt import FORECAST_TOOL, build_messages
+    from models import harmony
     backend, _, _ = served
     messages = build_messages("cross_entropy", REF, CAND, A100)
     resp = backend.clients[0].chat.completions.create(
@@ -133,8 +134,9 @@ def test_the_server_renders_our_harmony_prompt_token_for_token(served):
 def test_verbalized_forecast_over_a_seeded_long_prompt(served):
     """Two candidates, seeded, prompts over 2,048 tokens: the engine survives (chunked prefill
     off), the shared prefix goes first, and vLLM's parsers return the scripted tool call."""
-    import forecaster as F
     from test_forecast_prompt import A100, CAND, REF
+
+    import forecaster as F
     backend, _, url = served
     fc = F.Forecaster(backend, cache_dir=None, hardware=A100, max_new_tokens=400, seed=3)
     fs = fc.forecast_many("cross_entropy", REF, [long_candidate(), CAND])
@@ -151,12 +153,12 @@ def test_logits_readout_matches_the_local_model(served):
     """The read-out's prompt ends inside the tool call's JSON (our harmony ids through the
     completions endpoint) and its 8 probabilities are the local model's, within bf16 noise."""
     import torch
+    from test_forecast_prompt import A100, CAND, REF
 
     import forecaster as F
     from forecast_answer import ANSWER_PREFIX, DIGITS
     from forecast_prompt import FORECAST_TOOL, build_messages
     from models.forecaster_backends import TransformersBackend
-    from test_forecast_prompt import A100, CAND, REF
     backend, model, _ = served
     cands = [long_candidate(), CAND]
     server = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100).forecast_many(
@@ -179,8 +181,9 @@ def test_logits_readout_matches_the_local_model(served):
 
 
 def test_eval_with_repeats_through_the_cli(served, tmp_path, capsys):
-    import forecaster as F
     from test_forecast_prompt import CAND, REF
+
+    import forecaster as F
     _, _, url = served
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(dict(row_id=f"r{i}", pack="cross_entropy", anchor_code=REF,
@@ -204,10 +207,10 @@ def test_grpo_server_samples_and_their_importance_weights(served):
     token) and the server's log-probs out; the server's log-probs are the local model's, so the
     truncated importance weights start near 1."""
     import torch
-
-    from models import harmony
-    from forecast_prompt import FORECAST_TOOL, build_messages
     from test_forecast_prompt import A100, CAND, REF
+
+    from forecast_prompt import FORECAST_TOOL, build_messages
+    from models import harmony
     backend, model, _ = served
     prompt = harmony.render(build_messages("cross_entropy", REF, CAND, A100), [FORECAST_TOOL], "medium")
     stop = list(harmony.encoding().stop_tokens_for_assistant_actions())
@@ -239,9 +242,10 @@ def test_grpo_server_samples_and_their_importance_weights(served):
 
 
 def test_bad_server_settings_are_one_line_errors(served):
+    from test_forecast_prompt import A100, CAND, REF
+
     import forecaster as F
     from models.forecaster_backends import OpenAIServerBackend, ServerError
-    from test_forecast_prompt import A100, CAND, REF
     _, _, url = served
     with pytest.raises(ServerError, match=f"does not serve a model named 'no-such-model'; it serves {MODEL}"):
         F.Forecaster(OpenAIServerBackend(url, model="no-such-model", retries=0), cache_dir=None,

@@ -20,9 +20,10 @@ NAME = "smollm2"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(backend, local embedded backend, url, folder, {adapter name: folder})."""
+    from tiny_models import VLLM_CPU_FLAGS, vllm_server
+
     from models import lm
     from models.forecaster_backends import OpenAIServerBackend, embedded_backend
-    from tiny_models import VLLM_CPU_FLAGS, vllm_server
     root = tmp_path_factory.mktemp("smollm2")
     old = os.environ.get("GPU_FORECASTERS_CACHE")
     os.environ["GPU_FORECASTERS_CACHE"] = str(root / "cache")
@@ -57,10 +58,11 @@ def test_the_embedded_conversion_is_plain_safetensors(served):
 
 
 def test_logits_readout_through_the_chat_template_matches_the_local_model(served):
+    from test_forecast_prompt import A100, CAND, REF
+
     import forecaster as F
     from forecast_answer import ANSWER_PREFIX
     from forecast_prompt import build_messages
-    from test_forecast_prompt import A100, CAND, REF
     backend, local, _, _, _ = served
     cands = [CAND, CAND + "# v2\n"]
     server = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100).forecast_many(
@@ -80,9 +82,10 @@ def test_logits_readout_through_the_chat_template_matches_the_local_model(served
 def test_a_tasks_second_forecast_finds_its_prefix_cached(served):
     """The server's prefix cache at work: a task's second forecast shares all but the candidate's
     tail with its first, and the server computes only that tail (counted by its own metric)."""
-    import forecaster as F
     from test_forecast_prompt import A100, CAND, REF
     from test_vllm_gpt_oss import _metric
+
+    import forecaster as F
     backend, _, url, _, _ = served
     fc = F.Forecaster(backend, readout="logits", cache_dir=None, hardware=A100)
     fc.forecast_many("trimul", REF, [CAND + "# a\n"])
@@ -111,9 +114,10 @@ def test_served_adapters_are_checked_to_change_the_log_probs(served):
 def test_tools_without_the_servers_tool_flags_are_a_one_line_error(served):
     """This server runs without --enable-auto-tool-choice: a verbalized forecast (a request with
     tools) is refused, and the run stops with one line naming the flags (no parse failure)."""
+    from test_forecast_prompt import A100, CAND, REF
+
     import forecaster as F
     from models.forecaster_backends import ServerError
-    from test_forecast_prompt import A100, CAND, REF
     backend, _, _, _, _ = served
     with pytest.raises(ServerError, match="answers no tool calls: start it with --enable-auto-tool-choice") as e:
         F.Forecaster(backend, cache_dir=None, hardware=A100, max_new_tokens=8).forecast_many("cross_entropy", REF, [CAND])

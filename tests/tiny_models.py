@@ -143,10 +143,11 @@ def o200k_hf_tokenizer(vocab_folder):
     <|reserved_200013|>...). A server detokenizes with it; harmony renders and parses. ~25 s."""
     import base64
 
-    from models import harmony
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from models import harmony
     path = o200k_vocab_dir(vocab_folder) / "o200k_base.tiktoken"
     ranks = {}
     for line in path.read_bytes().splitlines():
