@@ -266,14 +266,15 @@ def patch_triton_when_imported():
     (The patches serve the candidate's own kernels, in its own process: a candidate could undo
     them either way.)"""
     import importlib.abc
-    import importlib.util
 
     class PatchOnImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name != "triton":
+            # Every search for Triton (torch asks whether it is there without importing it) gets
+            # the spec the other finders give, with the patches added to its loading.
+            if name != "triton" or "triton" in sys.modules:
                 return None
-            sys.meta_path.remove(self)  # once; the search below is then the ordinary one
-            spec = importlib.util.find_spec(name)
+            spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                         for s in [f.find_spec(name, path, target)] if s is not None), None)
             if spec is not None and spec.loader is not None:
                 run = spec.loader.exec_module
 

@@ -45,6 +45,8 @@ sys.path.insert(0, sys.argv[1])
 import measure_worker
 measure_worker.Worker("candidate", "cross_entropy", "cpu", io.BytesIO())
 assert "triton" not in sys.modules, "the worker's boot imported Triton"
+import importlib.util
+assert importlib.util.find_spec("triton") and "triton" not in sys.modules  # asked for, not imported
 import triton.language
 from triton.runtime import autotuner, interpreter
 print(interpreter.InterpreterBuilder.set_grid_dim.__qualname__, type(autotuner.Autotuner.__dict__["do_bench"]).__name__)
