@@ -518,7 +518,7 @@ class WorkerSet:
 
     def __init__(self, visible):
         self.visible = visible
-        self.references, self.spares, self.started = {}, {}, 0
+        self.references, self.spares, self.last_key = {}, {}, None
         self.dirs = None
         # One core runs this set's reference and candidate while a candidate is measured (they
         # never run at once): the two sides of every comparison on the same hardware, and a
@@ -561,15 +561,19 @@ class WorkerSet:
         self.references.clear()
 
     def candidate_worker(self, task, device, sandboxed, memory_bytes):
-        """A fresh candidate worker (a booted spare when there is one). A thread that asks a second
-        time will likely go on measuring: from then on spares boot while each candidate is measured
-        (booting Python, torch and the task takes seconds): one, which boots on another core."""
+        """A fresh candidate worker (a booted spare when there is one). A thread that asks twice in
+        a row for the same kind (task, device, sandbox, memory), or that just took a spare of it,
+        will likely go on measuring that kind: then a spare boots while the candidate is measured
+        (booting Python, torch and the task takes seconds): one, which boots on another core, and
+        the spares of other kinds end. A one-off of another kind starts no spare (it would end
+        unused) and leaves the waiting spare of the kind before it alone."""
         key = (task, device, sandboxed, memory_bytes)
         spares = self.spares.get(key, [])
         w = spares.pop(0) if spares else None
+        took_spare = w is not None
         if w is None or not w.alive():
             w = self._new_candidate(task, device, sandboxed, memory_bytes)
-        if self.started:
+        if took_spare or key == self.last_key:
             for other in [k for k in self.spares if k != key]:  # spares of one kind at a time
                 for old in self.spares.pop(other):
                     old.kill()
@@ -578,7 +582,7 @@ class WorkerSet:
                 spares.append(self._new_candidate(task, device, sandboxed, memory_bytes))
                 pin(spares[-1], self.spare_cores)
             self.spares[key] = spares
-        self.started += 1
+        self.last_key = key
         return w
 
     def _new_candidate(self, task, device, sandboxed, memory_bytes):

@@ -259,6 +259,38 @@ def autotune_without_a_gpu():
     autotuner.Autotuner.do_bench = property(lambda self: same_for_all)
 
 
+def patch_triton_when_imported():
+    """The two patches above, applied as Triton is first imported, by whomever imports it (the
+    candidate, usually). Importing Triton costs a quarter of a second of CPU, a tenth of a worker's
+    boot, and most workers never use it: every reference worker and a plain-PyTorch candidate.
+    (The patches serve the candidate's own kernels, in its own process: a candidate could undo
+    them either way.)"""
+    import importlib.abc
+
+    class PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            # Every search for Triton (torch asks whether it is there without importing it) gets
+            # the spec the other finders give, with the patches added to its loading.
+            if name != "triton" or "triton" in sys.modules:
+                return None
+            spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                         for s in [f.find_spec(name, path, target)] if s is not None), None)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def exec_module(module):
+                    run(module)
+                    enforce_cuda_grid_limits()
+                    autotune_without_a_gpu()
+                spec.loader.exec_module = exec_module
+            return spec
+    if "triton" in sys.modules:
+        enforce_cuda_grid_limits()
+        autotune_without_a_gpu()
+    else:
+        sys.meta_path.insert(0, PatchOnImport())
+
+
 def copy_bandwidth():
     """Bytes/s of a device-to-device copy (read + write), best of five: the measured bandwidth
     the parent's physical bound uses."""
@@ -297,8 +329,7 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         if device == "cpu":
             torch.set_num_threads(1)  # steadier times on a shared machine
-            enforce_cuda_grid_limits()
-            autotune_without_a_gpu()
+            patch_triton_when_imported()
         # No mode differs between a checked call and a timed one (a kernel could tell them apart),
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.

@@ -295,6 +295,21 @@ def machine():
     return f"{name}, {os.cpu_count()} cores{load}, torch on 1 thread per run, no GPU used"
 
 
+def worker_context(arch):
+    """Where the --jobs processes come from: forked from a server process that imported what a run
+    needs (this file, the model's code, peft; ~6 s of CPU) and never ran torch, so that each
+    process does not import them again; a forked copy of a process that ran torch can hang, so
+    never from this one. Fresh interpreters (spawn) where fork is missing."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # (as a script, this file reaches the server as its main module, and needs no name here)
+    ctx.set_forkserver_preload(([__spec__.name] if __spec__ else [])
+                               + [f"transformers.models.{arch}.modeling_{arch}", "peft",
+                                  "transformers.tokenization_utils_fast"])
+    return ctx
+
+
 def run_demo(opts):
     """Every (seed, setting) run, --jobs at a time, each in its own process (or all in this one
     with --jobs 1: the numbers are the same, every run seeds itself); then the summary and plot."""
@@ -317,8 +332,8 @@ def run_demo(opts):
         for run in runs:
             results.append(run_one(*run))
             bar.update()
-    else:  # fresh processes (spawn): a forked copy of a process that ran torch can hang
-        with ProcessPoolExecutor(opts.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    else:
+        with ProcessPoolExecutor(opts.jobs, mp_context=worker_context(opts.arch)) as pool:
             futures = [pool.submit(run_quietly, *run) for run in runs]
             for _ in as_completed(futures):
                 bar.update()

@@ -319,6 +319,10 @@ def test_search_with_the_cost_model_end_to_end_with_real_measurements(tmp_path, 
     # plain-PyTorch kernels only (interpreted Triton would add ~10 s a kernel and test nothing more)
     monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"],
                                                                 "torch_chunked": TORCH_CHUNKED})
+    import measure
+    # Real measurements, timed as briefly as --quick times them: nothing here reads how precise a
+    # speedup is (a full CPU timing costs ~3 s of CPU a measurement, both sides)
+    monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "cm"
     argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--budget", "2",
             "--measure-per-parent", "1", "--scale", "cpu", "--out", str(out), "--no-progress"]

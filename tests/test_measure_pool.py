@@ -128,6 +128,38 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
         measure_channel.workers(3)
 
 
+def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes_none(monkeypatch):
+    """A search asks for one kind of candidate worker over and over: from the second request on a
+    spare is booted while each candidate is measured. A one-off of another kind (a test's memory
+    cap, another task) starts no spare, and the spare of the kind before it waits for its return."""
+    booted = []
+
+    class Fake:
+        def __init__(self, kind):
+            self.kind, self.killed = kind, False
+            booted.append(self)
+
+        def alive(self):
+            return not self.killed
+
+        def kill(self):
+            self.killed = True
+
+    monkeypatch.setattr(measure_channel, "pin", lambda worker, cores: None)
+    ws = measure_channel.WorkerSet(None)
+    monkeypatch.setattr(ws, "_new_candidate", lambda task, *rest: Fake(task))
+    got = [ws.candidate_worker(task, "cpu", True, 1) for task in ("a", "a", "a", "b", "a", "a")]
+    assert [w.kind for w in got] == ["a", "a", "a", "b", "a", "a"]
+    assert len(set(map(id, got))) == 6  # a fresh worker each time
+    # a: booted; a: booted, and a spare; a: the spare, and a new one; b: booted, no spare of b, the
+    # spare of a kept; a: that spare, and a new one; a: the spare, and a new one
+    assert [w.kind for w in booted] == ["a", "a", "a", "a", "b", "a", "a"]
+    assert not any(w.killed for w in booted)  # nothing booted for nothing
+    assert [w in got for w in booted] == [True, True, True, True, True, True, False]
+    ws.close()
+    assert booted[-1].killed
+
+
 @pytest.mark.slow
 def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
     sources = [seed_source(TASK), variant_sources(TASK)["torch_inplace"]]  # plain PyTorch: seconds each

@@ -32,6 +32,31 @@ def test_the_cpu_worker_refuses_grids_a_gpu_refuses(monkeypatch):
         interpreter.InterpreterBuilder.set_grid_dim(interpreter.interpreter_builder, 4, 65536, 1)
 
 
+def test_a_cpu_worker_patches_triton_only_as_it_is_first_imported():
+    """A worker boots without Triton (a quarter of a second of CPU that a reference worker and a
+    plain-PyTorch candidate never use), and whoever imports it first gets it patched: the grid
+    limits and the autotuner's stand-in (test above, test_gpumode_submissions)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = """
+import io, sys
+sys.path.insert(0, sys.argv[1])
+import measure_worker
+measure_worker.Worker("candidate", "cross_entropy", "cpu", io.BytesIO())
+assert "triton" not in sys.modules, "the worker's boot imported Triton"
+import importlib.util
+assert importlib.util.find_spec("triton") and "triton" not in sys.modules  # asked for, not imported
+import triton.language
+from triton.runtime import autotuner, interpreter
+print(interpreter.InterpreterBuilder.set_grid_dim.__qualname__, type(autotuner.Autotuner.__dict__["do_bench"]).__name__)
+"""
+    root = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["enforce_cuda_grid_limits.<locals>.set_grid_dim", "property"]
+
+
 # ---- on a GPU only (`pytest -m gpu`) -------------------------------------------------------------
 
 @pytest.mark.gpu

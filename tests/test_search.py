@@ -262,9 +262,12 @@ def test_cli_without_a_sandbox_refuses_at_start_up(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "run").exists()
 
 
-def test_cli_an_unreachable_server_is_one_line_not_a_traceback(tmp_path, capsys):
+def test_cli_an_unreachable_server_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     # the server backend's start-up checks (models listed, tools accepted, an adapter applied)
-    # stop a search in one line, before any forecast could count as a parse failure
+    # stop a search in one line, before any forecast could count as a parse failure. The seed's
+    # measurement comes first and is not what this test is about: a scripted one (a real one
+    # costs ~10 s of CPU: two worker boots and the timing)
+    monkeypatch.setattr("measure.measure", lambda task, source, **kw: FakeMeasurement("ok", 1.0))
     rc = search.main(["--task", "cross_entropy", "--server", "http://127.0.0.1:9/v1", "--budget", "2",
                       "--out", str(tmp_path / "run"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -461,6 +464,10 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     catalog = tasks.variant_sources
     # The catalog's plain-PyTorch variant only: interpreted Triton would add ~15 s and test nothing more.
     monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"]})
+    import measure
+    # A real measurement, timed as briefly as --quick times it: nothing here reads how precise the
+    # seed's speedup is (a full CPU timing costs ~3 s of CPU, both sides)
+    monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "ce"
     argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1",
             "--scale", "cpu", "--out", str(out), "--no-progress"]  # the scale pinned: a GPU machine defaults to benchmark
