@@ -42,7 +42,7 @@ def test_a_cpu_worker_patches_triton_only_as_it_is_first_imported():
     code = """
 import io, sys
 sys.path.insert(0, sys.argv[1])
-import measure_worker
+from harness import measure_worker
 measure_worker.Worker("candidate", "cross_entropy", "cpu", io.BytesIO())
 assert "triton" not in sys.modules, "the worker's boot imported Triton"
 import importlib.util
