@@ -135,7 +135,7 @@ def _own_triton_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # the child's; never the user's
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_largest_trimul_tuning_fits_and_a_larger_one_is_caught():
     """Trimul's fused projections stage tl.dot tiles in shared memory: the largest tuning fits
     sm_80 and sm_90, and the check flags the tuning the catalog used to allow, BLOCK_H=128 and

@@ -123,7 +123,7 @@ def test_tokenizer_and_votes():
     assert parse_votes(text, 4).probs == [0, 0, 0, 0.75, 0.25, 0, 0, 0]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_demo_plumbing(tmp_path, capsys):
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "2", "--steps", "1", "--rows", "16", "--prompts-per-step",

@@ -311,7 +311,7 @@ def custom_kernel(data):
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_search_with_the_cost_model_end_to_end_with_real_measurements(tmp_path, capsys, monkeypatch):
     pytest.importorskip("measure")
     import tasks

@@ -320,7 +320,7 @@ def test_server_log_probs_come_back_beside_the_sampled_ids():
 
 # ---- the real SmolLM2 (the embedded model) -------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_embedded_smollm2_logits_forecast(capsys):
     model, tok = load_smollm2()  # shared with other tests in the session; embedded_backend() loads the same
     backend = embedded_backend(model=model, tokenizer=tok)

@@ -4,6 +4,7 @@ from test_forecast_prompt import CAND, REF
 from tiny_models import HARMONY_VOCAB
 
 
+@pytest.mark.e2e
 def test_gpu_check_forecast_cost_table_runs_on_cpu(o200k):
     """scripts/gpu_check.py's forecast-cost section, here on CPU with a one-layer tiny-width model
     (on a GPU it runs GPT-OSS-20B's width): every read-out and setting is timed, the logits read-out

@@ -185,7 +185,7 @@ def cluster():
     pool.close()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_ray_node_measures_with_measure_py_in_its_sandbox(cluster):
     """The source travels in the task; measure.py on the node boots its sandboxed workers, which
     find the candidate's syntax error (a whole measurement is the same path, only longer)."""
@@ -211,6 +211,7 @@ def bits_in_pairs(task, source, *, meeting, **kw):
     return Measured()
 
 
+@pytest.mark.e2e
 def test_a_small_search_on_a_ray_local_cluster(cluster, tmp_path):
     import ray
     from test_search import BitMutator, cfg
@@ -239,6 +240,7 @@ def die_in_the_middle(task, source, *, attempts_file, **kw):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.e2e
 def test_a_ray_worker_killed_mid_task_is_retried_once_then_labelled_crashed(cluster, tmp_path):
     import ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake travels to the node
@@ -264,7 +266,7 @@ def meet(task, source, *, meeting, n, **kw):
     return FakeMeasurement(source, **kw)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_ray_pool_on_cpu_keeps_as_many_in_flight_as_workers_asks(cluster, tmp_path):
     """On the 2-CPU cluster, workers=3 gives each task two thirds of a CPU: three measurements run
     at once, each in a Ray worker of its own, by the start and end times the workers took."""

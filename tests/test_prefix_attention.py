@@ -102,7 +102,7 @@ def test_flex_sinks_keeps_the_log_sum_exp_in_fp32():
     assert error(got) <= 2 ** -8 < 4 * 2 ** -8 < error(rounded), (error(got), error(rounded))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_flex_sinks_matches_eager_and_decoding_does_not_recompile():
     """A tiny GPT-OSS (sliding and full layers, left padding) under FLEX_SINKS: its logits are
     eager attention's, and once two generations of different lengths have compiled what the mix

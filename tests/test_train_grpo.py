@@ -515,7 +515,7 @@ def test_cli_with_a_server_logs_the_importance_weights(tmp_path, tiny_model_dir,
         assert rec["tis_weight"] is None and rec["groups_kept"] == 1
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_accelerate_launch_with_two_cpu_processes(tmp_path, tiny_model_dir):
     """The multi-GPU path, `accelerate launch --num_processes N`, with 2 CPU processes: the step's
     3 prompts split 2 + 1 (filler micro-batches even out the backward passes), gradients and the
@@ -570,7 +570,7 @@ def test_cli_out_that_is_a_file_is_refused_before_any_model_loads(tmp_path, caps
 
 # ---- it learns ----------------------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_grpo_learns_the_synthetic_task(tmp_path):
     data = synthetic_rows(tmp_path / "rows.jsonl")
     # sharing forced: the run whose trajectory the thresholds below were seen on. 30 steps of the tiny
