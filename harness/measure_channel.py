@@ -592,7 +592,7 @@ class WorkerSet:
 
     def close(self):
         self.drop_reference()
-        for w in [w for ws in self.spares.values() for w in ws]:
+        for w in [w for spares in self.spares.values() for w in spares]:
             w.kill()
         self.spares.clear()
         if self.dirs:
@@ -614,21 +614,21 @@ def workers(gpu=None):
         if ids is not None and not 0 <= gpu < len(ids):
             raise ValueError(f"GPU {gpu} is not among the {len(ids)} that CUDA_VISIBLE_DEVICES={visible} shows")
         visible = ids[gpu] if ids else str(gpu)
-    ws = getattr(_THREAD, "workers", None)
-    if ws is None or ws.visible != visible:
-        if ws is not None:
-            ws.close()
-        ws = _THREAD.workers = WorkerSet(visible)
+    worker_set = getattr(_THREAD, "workers", None)
+    if worker_set is None or worker_set.visible != visible:
+        if worker_set is not None:
+            worker_set.close()
+        worker_set = _THREAD.workers = WorkerSet(visible)
         with _ALL_LOCK:
-            _ALL_SETS.append(ws)
-    return ws
+            _ALL_SETS.append(worker_set)
+    return worker_set
 
 
 def release_workers():
     """End the calling thread's workers (a pool thread, before it exits)."""
-    ws = getattr(_THREAD, "workers", None)
-    if ws is not None:
-        ws.close()
+    worker_set = getattr(_THREAD, "workers", None)
+    if worker_set is not None:
+        worker_set.close()
         _THREAD.workers = None
 
 
