@@ -635,8 +635,8 @@ def release_workers():
 def _shutdown():
     with _ALL_LOCK:
         sets = list(_ALL_SETS)
-    for ws in sets:
-        ws.close()
+    for worker_set in sets:
+        worker_set.close()
     if _EXCHANGE:
         shutil.rmtree(_EXCHANGE, ignore_errors=True)
 
