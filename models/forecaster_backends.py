@@ -238,8 +238,8 @@ def embedded_backend(dtype="auto", **kwargs):
     forecasts carry no information."""
     print("NOTE: using the embedded SmolLM2-135M-Instruct. Its forecasts are NOT meaningful (a 135M "
           "model cannot judge GPU kernels); they only exercise the pipeline. For real forecasts run "
-          "on a GPU with `hf download openai/gpt-oss-20b`, or serve it with "
-          "`vllm serve openai/gpt-oss-20b` and pass --server.", file=sys.stderr)
+          "on a GPU with `hf download openai/gpt-oss-20b`, or serve it with vLLM (docs/GPU.md: the "
+          "command and its flags) and pass --server.", file=sys.stderr)
     kwargs.setdefault("name", lm.EMBEDDED_NAME)
     # One row at a time: on a CPU a padded batch costs more than it saves (its attention mask
     # forgoes the causal kernel's skipping; scripts/bench_forecast.py measures both).

@@ -87,7 +87,8 @@ def weights_available(name_or_path):
 
 def model_not_found_message(name):
     return (f"model {name!r} is not on this machine: download it with `hf download "
-            f"{name}`, or serve it with `vllm serve {name}` and pass --server http://HOST:8000/v1")
+            f"{name}`, or serve it with vLLM (docs/GPU.md gives the command and the flags GPT-OSS needs) and "
+            "pass --server http://HOST:8000/v1")
 
 
 def attention_for(config, on_gpu, attention="auto"):
