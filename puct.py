@@ -81,8 +81,7 @@ class Archive:
     def expand(self, parent_id, children, step=-1):
         """Record one expansion of `parent_id` with its successful children.
 
-        children: list of Child (or plain (id, code, reward, info) tuples: measured children).
-        Exact duplicates of code already in the archive
+        children: a list of Child. Exact duplicates of code already in the archive
         are dropped first, then only the best `keep_children` are kept: the best measured ones, and
         beside them the best forecast ones (a forecast never displaces a measured kernel). The parent's best-child
         value becomes max(old, best kept reward); the parent and every ancestor get one more visit;
@@ -92,22 +91,21 @@ class Archive:
         parent = self.nodes.get(parent_id)
         fresh, seen = [], set()
         for child in children:
-            child = child if isinstance(child, Child) else Child(*child)
             key = child.code.strip()
             if key in seen or self.has_code(child.code):
                 continue
             seen.add(key)
             fresh.append(child)
-        fresh.sort(key=lambda ch: -float(ch.reward))  # stable: equal rewards keep proposal order
+        fresh.sort(key=lambda ch: -ch.reward)  # stable: equal rewards keep proposal order
         kept = ([ch for ch in fresh if ch.measured][: self.keep_children]
                 + [ch for ch in fresh if not ch.measured][: self.keep_children])
         for ch in kept:
-            self.nodes[ch.id] = Node(ch.id, ch.code, float(ch.reward), parent_id, step=step,
+            self.nodes[ch.id] = Node(ch.id, ch.code, ch.reward, parent_id, step=step,
                                      info=dict(ch.info or {}), measured=ch.measured)
             if parent is not None:
                 parent.children.append(ch.id)
         if parent is not None and kept:
-            best = max(float(ch.reward) for ch in kept)
+            best = max(ch.reward for ch in kept)
             parent.best_child = best if parent.best_child is None else max(parent.best_child, best)
         self._backpropagate(parent_id)
         self.expansions += 1

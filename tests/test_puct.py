@@ -1,14 +1,14 @@
 """Tests of puct.py: the archive and the PUCT rule, on hand-checked archives."""
 import pytest
 
-from puct import Archive
+from puct import Archive, Child
 
 
 def three_nodes():
     """seed (r=1.0) expanded once into a (r=2.0) and b (r=1.5)."""
     ar = Archive(c=1.0, keep_children=2)
     ar.add_seed("seed", "S", 1.0)
-    ar.expand("seed", [("a", "A", 2.0, {}), ("b", "B", 1.5, {})])
+    ar.expand("seed", [Child("a", "A", 2.0), Child("b", "B", 1.5)])
     return ar
 
 
@@ -37,7 +37,7 @@ def test_scale_defaults():
     ar = Archive()
     ar.add_seed("seed", "S", 1.0)
     assert ar.scale() == 1.0  # no non-seed node yet
-    ar.expand("seed", [("a", "A", 3.0, {})])
+    ar.expand("seed", [Child("a", "A", 3.0)])
     assert ar.scale() == 1e-6  # one non-seed reward: zero range, floored
 
 
@@ -57,20 +57,20 @@ def test_bonus_decays_with_visits_and_grows_with_expansions_elsewhere():
 
 def test_back_propagation_of_visits_and_best_child():
     ar = three_nodes()
-    kept = ar.expand("a", [("a1", "A1", 5.0, {}), ("a2", "A2", 0.5, {})])
+    kept = ar.expand("a", [Child("a1", "A1", 5.0), Child("a2", "A2", 0.5)])
     assert kept == ["a1", "a2"]
     assert (ar.nodes["a"].visits, ar.nodes["seed"].visits, ar.nodes["b"].visits) == (1, 2, 0)
     assert ar.expansions == 2
     assert ar.nodes["a"].best_child == 5.0 and ar.nodes["a"].q() == 5.0  # max, not mean
     assert ar.nodes["seed"].best_child == 2.0  # only the expanded parent's value changes
-    ar.expand("a", [("a3", "A3", 1.0, {})])
+    ar.expand("a", [Child("a3", "A3", 1.0)])
     assert ar.nodes["a"].best_child == 5.0  # max(old, new)
 
 
 def test_lineage_blocking_never_picks_two_nodes_of_one_line():
     ar = three_nodes()
-    ar.expand("a", [("a1", "A1", 9.0, {})])
-    ar.expand("a1", [("a11", "A11", 10.0, {})])
+    ar.expand("a", [Child("a1", "A1", 9.0)])
+    ar.expand("a1", [Child("a11", "A11", 10.0)])
     for k in (2, 3, 5):
         picked = ar.select(k)
         for i, x in enumerate(picked):
@@ -82,8 +82,8 @@ def test_lineage_blocking_never_picks_two_nodes_of_one_line():
 def test_top_k_children_and_exact_duplicates():
     ar = Archive(keep_children=2)
     ar.add_seed("seed", "S\n", 1.0)
-    kept = ar.expand("seed", [("c1", "C1", 3.0, {}), ("c2", "C2", 5.0, {}), ("c3", "C3", 4.0, {}),
-                              ("dup", "S", 9.0, {}), ("dup2", "C2", 6.0, {})])
+    kept = ar.expand("seed", [Child("c1", "C1", 3.0), Child("c2", "C2", 5.0), Child("c3", "C3", 4.0),
+                              Child("dup", "S", 9.0), Child("dup2", "C2", 6.0)])
     # "S" duplicates the seed's code, "C2" a sibling's: both dropped before the top-2 cut.
     assert kept == ["c2", "c3"]
     assert set(ar.nodes) == {"seed", "c2", "c3"}
@@ -93,6 +93,6 @@ def test_top_k_children_and_exact_duplicates():
 def test_capacity_keeps_seeds_then_best_rewards():
     ar = Archive(capacity=3, keep_children=10)
     ar.add_seed("seed", "S", 0.1)  # the worst reward, still kept
-    ar.expand("seed", [(f"c{i}", f"C{i}", float(i), {}) for i in range(1, 5)])
+    ar.expand("seed", [Child(f"c{i}", f"C{i}", float(i)) for i in range(1, 5)])
     assert set(ar.nodes) == {"seed", "c4", "c3"}
     assert sorted(ar.nodes["seed"].children) == ["c3", "c4"]
