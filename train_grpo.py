@@ -253,9 +253,9 @@ PROTOCOL_SAYS = {"ours": "our prompt, correctness on the argmax",
 
 
 def scored_bin(forecast, protocol="ours"):
-    """The bin correctness judges: the argmax, or under the paper protocol the stated bin (the
-    argmax when none was stated: the votes format)."""
-    if protocol == "paper" and forecast.stated_bin is not None:
+    """The bin correctness judges, by the protocol's bin rule (paper_protocol.PROTOCOLS): the argmax,
+    or under the paper protocol the stated bin (the argmax when none was stated: the votes format)."""
+    if PROTOCOLS[protocol].bin_rule == "stated" and forecast.stated_bin is not None:
         return forecast.stated_bin
     return bins.predicted_bin(forecast.probs)
 
