@@ -106,9 +106,9 @@ WINDOWS_PER_BLOCK = 4
 # The physical floor's significance test (apply_floor): standard errors of log time.
 FLOOR_SIGMAS = 4.0
 WARM_S = {"cuda": 0.025, "cpu": 0.15}
-REPS = {  # (seconds per case and side, min blocks, max blocks), normal and --quick
+REPS = {  # (seconds per measurement and side, shared by its timed cases; min, max blocks per case), normal and --quick
     ("cuda", False): (2.0, 8, 40), ("cuda", True): (0.5, 5, 10),
-    ("cpu", False): (0.7, 5, 40), ("cpu", True): (0.05, 2, 6),
+    ("cpu", False): (0.7, 3, 40), ("cpu", True): (0.05, 2, 6),
 }
 
 
@@ -215,6 +215,8 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
         raise ValueError(f"baseline must be 'eager' or 'compile', got {baseline!r}")
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if device is None and not _gpu_driver_present():
+        device = "cpu"  # without a GPU driver torch sees no GPU either: the parent need not import it
     if device != "cpu":
         import torch
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -284,27 +286,37 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
     ws = workers(gpu)  # this thread's workers on that GPU
     for attempt in (0, 1):
         cand = ws.candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
+        # CPU: the reference's timed calls run in a twin, a fresh worker born as the candidate's is
+        # (measure_channel.WorkerSet.candidate_worker); the reference worker makes inputs and checks.
+        twin = ws.candidate_worker(task, device, sandboxed, memory_bytes, twin=True) if device == "cpu" else None
         try:
             try:
                 ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
-            for w in (ref, cand):  # both sides of every comparison on one core (measure_channel.WorkerSet)
-                pin(w, ws.core)
-            return _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick).run(source)
+            for w in (ref, cand, twin):  # both sides of every comparison on one core (measure_channel.WorkerSet)
+                if w is not None:
+                    pin(w, ws.core)
+            session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline)
+            return session.run(source)
         except HarnessError:
             ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:
                 raise
         finally:
             cand.kill()
+            if twin is not None:
+                twin.kill()
 
 
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick):
-        self.ref, self.cand, self.dirs = ref, cand, dirs
+    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None, baseline="eager"):
+        self.ref, self.cand, self.dirs, self.baseline = ref, cand, dirs, baseline
+        # The worker whose timed calls are the reference's side of each pair: on CPU the twin, on
+        # a GPU the reference worker itself (its CUDA events; no twin there yet, docs/MEASUREMENT.md).
+        self.timed_ref = twin or ref
         self.device, self.device_name, self.quick = device, device_name, quick
         cases = ready["cases"]
         self.timed_cases = cases["benchmark"] if scale == "benchmark" else cases["cpu"]
@@ -324,6 +336,8 @@ class _Session:
     def run(self, source):
         try:
             self.cand.recv(time.monotonic() + 300, "ready")  # booting is the harness's time, not the candidate's
+            if self.timed_ref is not self.ref:
+                self._start_twin()
             self.deadline = time.monotonic() + self.timeout_s
             self.cand.send({"op": "load", "source": source})
             import_s = self.cand.recv(self.deadline, "loaded")["import_s"]
@@ -357,6 +371,14 @@ class _Session:
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
                     time_s=round(time.perf_counter() - t2, 3), verify_s=round(self.verify_s, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3),
                     candidate_peak_gb=round(self.cand.peak_bytes() / 2**30, 3))
+
+    def _start_twin(self):
+        """The twin has booted as the candidate did; it loads the reference (its failures are the harness's)."""
+        try:
+            self.timed_ref.recv(time.monotonic() + 300, "ready")
+        except WorkerFailed as e:
+            raise HarnessError(f"the reference's timing twin did not start: {e.message}; {self.timed_ref.log_tail()}") from None
+        self._ref_call({"op": "load", "reference": self.baseline}, "loaded", worker=self.timed_ref)
 
     # -- one pair of blocks: the same inputs on both sides, one call verified ----------------------
 
@@ -400,13 +422,13 @@ class _Session:
         seeds = [secrets.randbits(31) for _ in range(n)]
         ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
         try:
-            layouts = self._timed("ref", {"id": bid, "op": "prepare", "case": case, "seeds": seeds, "paths": paths},
-                                  "prepared")[0]["layouts"]
+            layouts = self._ref_call({"id": bid, "op": "prepare", "case": case, "seeds": seeds, "paths": paths},
+                                     "prepared")["layouts"]
             for j in range(0, n, per_window):
                 calls = range(j, min(n, j + per_window))
                 cmd = {"id": bid, "op": "call", "case": case, "index": j}
                 for side in (("cand", "ref") if secrets.randbits(1) else ("ref", "cand")):
-                    if side == "ref":
+                    if side == "ref":  # the twin, on the trusted side's own files
                         inputs = [{"path": paths[i], "layout": layouts[i]} for i in calls]
                         reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
                         if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
@@ -430,18 +452,19 @@ class _Session:
                         cand_win.append(window)
                         cand_specs += reply["specs"]
                         digests += reply["out_digests"] or [None] * len(calls)
+            for i in range(n):
+                bad = None if digests[i] is not None else cand_specs[i]
+                self.check_spec(case, ref_specs[i], {"bad_spec": bad, "spec": cand_specs[i], "out_digests": [digests[i]]}, 1)
+            if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
+                j = secrets.randbelow(n)  # the reference worker runs this call on the same file to check it
+                self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j],
+                            {"path": paths[j], "layout": layouts[j]})
         finally:
             for p in paths + shown:
                 _unlink(p)
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):
             self._saw_call(case, "cand", (cw - (rw - r)) / per_window)
-        for j in range(n):
-            bad = None if digests[j] is not None else cand_specs[j]
-            self.check_spec(case, ref_specs[j], {"bad_spec": bad, "spec": cand_specs[j], "out_digests": [digests[j]]}, 1)
-        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-            j = secrets.randbelow(n)
-            self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j])
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
 
     def _saw_call(self, case, side, ms):
@@ -456,31 +479,34 @@ class _Session:
         time. Returns (reply, window ms)."""
         c0 = self._enter(side)
         if side == "ref":
-            reply = self._ref_call(cmd, op)
+            reply = self._ref_call(cmd, op, worker=self.timed_ref)
         else:
             self.cand.send(cmd)
             reply = self.cand.recv(self.deadline, op)
         return reply, self._leave(side) - c0
 
     def _enter(self, side):
-        c0 = self._clock(self.ref if side == "ref" else self.cand)
+        c0 = self._clock(self.timed_ref if side == "ref" else self.cand)
         if side in self.clock_end:
             self.outside_ms[side] += max(0.0, c0 - self.clock_end[side])
         return c0
 
     def _leave(self, side):
-        worker = self.ref if side == "ref" else self.cand
+        worker = self.timed_ref if side == "ref" else self.cand
         worker.settle()
         self.clock_end[side] = self._clock(worker)
         return self.clock_end[side]
 
-    def _ref_call(self, cmd, op, deadline_s=600):
-        """A command to the trusted reference worker; its failures are the harness's."""
+    def _ref_call(self, cmd, op, deadline_s=600, worker=None):
+        """A command to a trusted worker (the reference worker, or its timing twin); its failures
+        are the harness's."""
+        worker = worker or self.ref
         try:
-            self.ref.send(cmd)
-            return self.ref.recv(time.monotonic() + deadline_s, op)
+            worker.send(cmd)
+            return worker.recv(time.monotonic() + deadline_s, op)
         except WorkerFailed as e:
-            raise HarnessError(f"the reference worker failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}") from None
+            who = "reference worker" if worker is self.ref else "reference's timing twin"
+            raise HarnessError(f"the {who} failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}") from None
 
     def block(self, side, case, seeds, keys):
         """GPU: one side's block and commitment, timed by the parent's wall clock from the command
@@ -529,17 +555,18 @@ class _Session:
         if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
 
-    def verify(self, case, pick, ref_spec, commit, cand_spec):
+    def verify(self, case, pick, ref_spec, commit, cand_spec, ref_input=None):
         """The candidate's picked outputs against the reference's: bytes, checked by the reference
         worker with the fingerprint the candidate committed to. `cand_spec`: the picked call's
-        outputs as the candidate described them (check_spec passed them: known dtypes)."""
+        outputs as the candidate described them (check_spec passed them: known dtypes).
+        `ref_input` (CPU): the picked call's input file, on which the reference worker runs it."""
         t0 = time.perf_counter()
         try:
-            self._verify(case, pick, ref_spec, commit, cand_spec)
+            self._verify(case, pick, ref_spec, commit, cand_spec, ref_input)
         finally:
             self.verify_s += time.perf_counter() - t0
 
-    def _verify(self, case, pick, ref_spec, commit, cand_spec):
+    def _verify(self, case, pick, ref_spec, commit, cand_spec, ref_input):
         where = case_str(case)
         digests = commit["out_digests"]
         dtypes = [c["dtype"] for c in cand_spec]
@@ -547,6 +574,13 @@ class _Session:
         n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
         _room_for(self.dirs["handover"], n)
         cpu = self.device == "cpu"
+        if self.timed_ref is not self.ref:
+            # The twin hands over its picked call too, unread: its history stays the candidate's
+            # (a handover copies the outputs and collects garbage: see WorkerSet.twin_worker).
+            self._enter("ref")
+            got = self._ref_call({"id": self.block_id, "op": "handover", **pick}, "bytes", worker=self.timed_ref)
+            self.timed_ref.recv_bytes(got["n"], time.monotonic() + 600)
+            self._leave("ref")
         if cpu:
             self._enter("cand")  # a handover is a window of its own, not time outside (see _timed)
         self.cand.send({"id": self.block_id, "op": "handover", **pick})
@@ -563,8 +597,10 @@ class _Session:
             self._leave("cand")
         cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
                "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
+        if ref_input is not None:
+            cmd.update(input=ref_input, case=case)
         try:
-            verdict = self._timed("ref", cmd, "checked")[0] if cpu else self._ref_call(cmd, "checked")
+            verdict = self._ref_call(cmd, "checked")
         finally:
             _unlink(path)
         self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)
@@ -575,10 +611,16 @@ class _Session:
 
     def time_case(self, case):
         budget, min_blocks, max_blocks = REPS[(self.device, self.quick)]
+        # The verdict is the geometric mean over the cases: its noise is what the budget buys,
+        # so the cases share it (a task with two CPU cases costs what a task with one does).
+        budget /= len(self.timed_cases)
         # Warm up, by time (a GPU's clocks and caches; on CPU a fresh candidate process grows its
         # heap and its caches), then size the windows by what the warm-up saw.
         warm_until = time.monotonic() + (0.0 if self.quick else WARM_S[self.device])
-        while True:
+        # A call that outlasts the warm-up (an interpreted Triton kernel takes seconds) was warmed
+        # up by this case's two correctness calls.
+        warmed = self.call_ms.get((case_str(case), "cand"), 0.0) >= 1e3 * WARM_S[self.device]
+        while not warmed:
             k, n = self.window_size(case)
             self.pair(case, n, cand_first=secrets.randbits(1), verify=False, per_window=k)
             if time.monotonic() >= warm_until:
@@ -727,6 +769,13 @@ def _describe(spec):
         else:
             parts.append(f"{s.get('dtype')} {s.get('shape')}")
     return "; ".join(parts) or "nothing"
+
+
+def _gpu_driver_present():
+    """Whether this machine has a GPU driver's device files (NVIDIA's, or ROCm's and WSL's, which
+    torch.cuda also reaches); without one torch.cuda.is_available() is False, and importing torch
+    to learn it costs a second of a CPU-only measurement."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg"))
 
 
 def _device_name(device, gpu=None):

@@ -182,12 +182,14 @@ def _check(value, kind, where, trusted, depth):
 # ---------------------------------------------------------------------------------------------
 
 class WorkerProcess:
-    """A worker in its sandbox (plan=None: unsandboxed). `trusted`: the reference worker, whose
+    """A worker in its sandbox (plan=None: unsandboxed). `trusted`: a worker that never loads
+    candidate code (the reference worker, the timing twin), whose replies may carry times and whose
     protocol violations are the harness's failures, not a candidate's."""
 
     def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=(),
-                 baseline="eager"):
-        self.role, self.trusted, self.memory_bytes = role, role == "reference", memory_bytes
+                 baseline="eager", trusted=None):
+        self.role, self.memory_bytes = role, memory_bytes
+        self.trusted = role == "reference" if trusted is None else trusted
         argv = [sys.executable, "-B", WORKER, role, task, device] + (["compile"] if baseline == "compile" else [])
         if os.path.isabs(task):  # a problem file (the user's, trusted): both workers import it, read-only
             binds_ro = [*binds_ro, task]
@@ -195,7 +197,10 @@ class WorkerProcess:
         env = worker_env(device, tmp)
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        # CPU: the candidate's and the twin's processes start with one address layout (no
+        # randomisation; the reference worker, which reads a candidate's bytes, keeps it).
         self.sandbox = Sandbox.start(argv, device, plan, memory_bytes=memory_bytes, env=env,
+                                     fixed_layout=role == "candidate" and device == "cpu",
                                      binds_rw=binds_rw, binds_ro=binds_ro)
         self.proc = self.sandbox.popen
         self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
@@ -518,7 +523,7 @@ class WorkerSet:
 
     def __init__(self, visible):
         self.visible = visible
-        self.references, self.spares, self.last_key = {}, {}, None
+        self.references, self.spares, self.last_key = {}, {}, {False: None, True: None}
         self.dirs = None
         # One core runs this set's reference and candidate while a candidate is measured (they
         # never run at once): the two sides of every comparison on the same hardware, and a
@@ -543,7 +548,9 @@ class WorkerSet:
         baseline "compile": its reference is torch.compile'd (measure.py --baseline compile)."""
         key = (task, device, sandboxed, baseline)
         if key not in self.references or not self.references[key][0].alive():
-            self.drop_reference()
+            for w, _ in self.references.values():
+                w.kill()
+            self.references.clear()
             plan = sandbox_plan() if sandboxed else None
             d = self._dirs(plan)
             w = WorkerProcess("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
@@ -555,40 +562,53 @@ class WorkerSet:
                 raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
         return self.references[key]
 
+
     def drop_reference(self):
         for w, _ in self.references.values():
             w.kill()
         self.references.clear()
 
-    def candidate_worker(self, task, device, sandboxed, memory_bytes):
+    def candidate_worker(self, task, device, sandboxed, memory_bytes, twin=False):
         """A fresh candidate worker (a booted spare when there is one). A thread that asks twice in
         a row for the same kind (task, device, sandbox, memory), or that just took a spare of it,
         will likely go on measuring that kind: then a spare boots while the candidate is measured
         (booting Python, torch and the task takes seconds): one, which boots on another core, and
         the spares of other kinds end. A one-off of another kind starts no spare (it would end
-        unused) and leaves the waiting spare of the kind before it alone."""
-        key = (task, device, sandboxed, memory_bytes)
+        unused) and leaves the waiting spare of the kind before it alone.
+
+        twin=True: the reference's timing twin for this measurement (CPU, measure.py), booted and
+        kept in spares the same way. It is a candidate worker in all but two things: it is trusted
+        (it will load the reference, never a candidate), and it sees the trusted side's input
+        folder instead of the folder where the candidate's inputs appear. A process runs the same
+        code a few percent faster or slower depending on its history (what it allocated and freed
+        shapes its heap; measured: the reference worker, which writes every block's inputs and
+        checks outputs, ran the reference's own calls 5 to 10% faster than a candidate worker, and
+        a twin kept from one measurement to the next drifted from fresh candidates), so each
+        measurement gets a fresh twin, born as its candidate is."""
+        kind = (task, device, sandboxed, memory_bytes)
+        key = kind + (twin,)
         spares = self.spares.get(key, [])
         w = spares.pop(0) if spares else None
         took_spare = w is not None
         if w is None or not w.alive():
-            w = self._new_candidate(task, device, sandboxed, memory_bytes)
-        if took_spare or key == self.last_key:
-            for other in [k for k in self.spares if k != key]:  # spares of one kind at a time
+            w = self._new_candidate(task, device, sandboxed, memory_bytes, twin)
+        if took_spare or kind == self.last_key[twin]:
+            for other in [k for k in self.spares if k[:4] != kind]:  # spares of one kind at a time
                 for old in self.spares.pop(other):
                     old.kill()
             spares = [s for s in self.spares.get(key, []) if s.alive()]
             while len(spares) < 1:
-                spares.append(self._new_candidate(task, device, sandboxed, memory_bytes))
+                spares.append(self._new_candidate(task, device, sandboxed, memory_bytes, twin))
                 pin(spares[-1], self.spare_cores)
             self.spares[key] = spares
-        self.last_key = key
+        self.last_key[twin] = kind
         return w
 
-    def _new_candidate(self, task, device, sandboxed, memory_bytes):
+    def _new_candidate(self, task, device, sandboxed, memory_bytes, twin=False):
         plan = sandbox_plan() if sandboxed else None
-        return WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes,
-                             visible=self.visible, binds_ro=[self._dirs(plan)["shown"]])
+        d = self._dirs(plan)
+        return WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
+                             binds_ro=[d["inputs"] if twin else d["shown"]], trusted=twin)
 
     def close(self):
         self.drop_reference()

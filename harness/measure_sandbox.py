@@ -34,6 +34,7 @@ that runs in the sandbox ever ran outside its cgroup or limits.
 Which layers a machine gets is decided once per process (`sandbox_plan()`) and named in every
 measurement (`Measurement.sandbox`); docs/MEASUREMENT.md says what each combination leaves open.
 """
+import contextlib
 import ctypes
 import errno
 import glob
@@ -57,6 +58,30 @@ MAX_FILE_BYTES = 1 << 30      # the largest file a sandbox may write (its /tmp i
 TMP_BYTES, SHM_BYTES = 2 << 30, 1 << 30
 INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: apt-get install bubblewrap libseccomp2; "
                 "pip install pyseccomp) or pass --unsafe-no-sandbox (candidate code then runs unconfined, as you)")
+
+
+ADDR_NO_RANDOMIZE = 0x0040000
+
+
+@contextlib.contextmanager
+def fixed_address_layout(on=True):
+    """Processes started inside this block (from this thread) get no address-space randomisation.
+    On CPU the same code runs a few percent faster or slower from one process to the next with
+    where its libraries, heap and mappings land; the two sides of a timed pair (the candidate and
+    the reference's timing twin, measure.py) start with the same layout this way, so only what
+    the candidate itself allocates moves it. It weakens nothing the sandbox relies on: the
+    candidate runs its own code in that process anyway. The flag is per thread and inherited
+    through bubblewrap's exec; a setuid bubblewrap would drop it (then layouts stay random)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = libc.personality(0xFFFFFFFF) if on else -1
+    if old == -1:
+        yield
+        return
+    libc.personality(old | ADDR_NO_RANDOMIZE)
+    try:
+        yield
+    finally:
+        libc.personality(old)
 
 
 class SandboxUnavailable(ValueError):
@@ -504,12 +529,15 @@ class Sandbox:
         self.popen, self.cgroup, self.plan = popen, cgroup, plan
 
     @classmethod
-    def start(cls, command, device, plan, *, memory_bytes, env=None, binds_rw=(), binds_ro=(), stderr=subprocess.PIPE):
+    def start(cls, command, device, plan, *, memory_bytes, env=None, binds_rw=(), binds_ro=(), stderr=subprocess.PIPE,
+              fixed_layout=False):
         """Start `command` in a new sandbox, blocked until it is in its cgroup, under its limits
-        and (as root) mapped to an unprivileged host uid. plan=None: no sandbox (--unsafe-no-sandbox)."""
+        and (as root) mapped to an unprivileged host uid. plan=None: no sandbox (--unsafe-no-sandbox).
+        fixed_layout: without address-space randomisation (see fixed_address_layout)."""
         if plan is None:
-            popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                     env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
+            with fixed_address_layout(fixed_layout):
+                popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                         env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
             cgroup = None
             layout = cgroup_layout() if not os.environ.get("GPU_FORECASTERS_NO_CGROUP") else {}
             if "cpu" in layout:  # the worker runs no candidate code before its first command
@@ -534,8 +562,9 @@ class Sandbox:
             argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         cgroup = Cgroup(plan.cgroups, memory_bytes) if plan.cgroups else None
         try:
-            popen = subprocess.Popen(argv + list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=stderr, env=env, pass_fds=(bpf, info_w, block_r), start_new_session=True)
+            with fixed_address_layout(fixed_layout):
+                popen = subprocess.Popen(argv + list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=stderr, env=env, pass_fds=(bpf, info_w, block_r), start_new_session=True)
         except OSError:
             if cgroup:
                 cgroup.remove()

@@ -17,7 +17,7 @@ of the two windows. Nothing the candidate worker says is believed: its time is w
 own clock saw (the candidate's timer is run, for symmetry, and its figures never sent), its bytes
 are compared with the reference's by the reference worker, and its fingerprints, sent before the
 window closes, prove that the bytes existed inside the window: work cannot be deferred past it.
-On CPU the fingerprint is SHA-256 (binding whatever the candidate knows); on a GPU, where a copy
+On CPU the fingerprint is BLAKE3 (binding whatever the candidate knows); on a GPU, where a copy
 to the host inside the window would dominate it, a byte sum keyed by numbers drawn after the
 calls returned.
 
@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import random
 import sys
 import time
 import traceback
@@ -63,20 +64,21 @@ def tensors_of(x):
 
 
 def digest(tensors, a, b):
-    """A fingerprint of each tensor's raw bytes, keyed by numbers (a, b). On a CPU: SHA-256 of the
+    """A fingerprint of each tensor's raw bytes, keyed by numbers (a, b). On a CPU: BLAKE3 of the
     key and the bytes (a cryptographic hash: no other bytes give the same value, so the bytes
-    handed over later are the ones that existed now, key or no key; the CPU path passes 0, 0;
-    SHA-256 because CPUs hash it in hardware, twice as fast as BLAKE2b here). On a GPU (no copy to the
+    handed over later are the ones that existed now, key or no key; the CPU path passes 0, 0).
+    It runs inside every timed window, on both sides, so its speed is the noise's: BLAKE3 hashes
+    8 GB/s on one core with AVX-512, SHA-256 2 GB/s even in hardware, and for a small
+    memory-bound kernel SHA-256 took three times the kernel's own time. On a GPU (no copy to the
     host inside the timed window): the weighted byte sum below. Either way the trusted side
     recomputes it from the bytes handed over, on the same kind of device."""
-    import hashlib
-
+    import blake3
     import torch
     out = []
     for t in tensors:
         raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
         if raw.device.type == "cpu":
-            h = hashlib.sha256(a.to_bytes(8, "little") + b.to_bytes(8, "little"))
+            h = blake3.blake3(a.to_bytes(8, "little") + b.to_bytes(8, "little"))
             h.update(raw.numpy())
             out.append(int.from_bytes(h.digest()[:8], "little"))
         else:
@@ -320,11 +322,10 @@ class Worker:
         from tasks import get_task
         self.role, self.device, self.out = role, device, out
         self.task = get_task(task_name)
-        self.fn = self.task.reference if role == "reference" else None
-        if self.fn is not None and baseline == "compile":
-            # KernelBench's second baseline: the reference as torch.compile makes it. Its first
-            # calls (the correctness calls) compile; its outputs are the ones candidates must match.
-            self.fn = torch.compile(self.fn)
+        self.fn = self.reference_fn(baseline) if role == "reference" else None
+        # Whose per-call times the parent reads: the reference worker's, and on CPU the timing
+        # twin's (a candidate worker that loaded the reference: load), never a candidate's.
+        self.reports_times = role == "reference"
         torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
         torch.backends.cudnn.allow_tf32 = False
         if device == "cpu":
@@ -335,7 +336,16 @@ class Worker:
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
         self.timer = CudaTimer() if device == "cuda" else CpuTimer()
         self.block = None  # (id, case, inputs, outputs) of the last block
-        self.prepared = {}  # reference, CPU: block id -> each call's input fingerprint
+        self.prepared = {}  # reference, CPU: block id -> each call's input tensors, as generated
+
+    def reference_fn(self, baseline):
+        import torch
+        fn = self.task.reference
+        if baseline == "compile":
+            # KernelBench's second baseline: the reference as torch.compile makes it. Its first
+            # calls (the correctness calls) compile; its outputs are the ones candidates must match.
+            fn = torch.compile(fn)
+        return fn
 
     def send(self, obj, payload=b""):
         self.out.write(json.dumps(obj).encode() + b"\n")
@@ -348,6 +358,10 @@ class Worker:
         """Import the candidate from a real file in the sandbox's private /tmp (@triton.jit reads
         its function's source from the file)."""
         import importlib.util
+        if cmd.get("reference"):  # the timing twin (measure.py): this task's reference, not a file
+            t0 = time.perf_counter()
+            self.fn, self.reports_times = self.reference_fn(cmd["reference"]), True
+            return {"op": "loaded", "import_s": time.perf_counter() - t0}
         source = cmd["source"]
         if len(source) > MAX_SOURCE:
             return {"op": "loaded", "error": "compile_error", "message": "candidate source over 1 MB"}
@@ -378,30 +392,35 @@ class Worker:
         """Reference role, on CPU: make the inputs of every seed of a block and write each call's,
         raw, to its own file (`paths`, in a folder only this worker may write). The candidate later
         maps a call's file read-only as that call starts: the inputs it gets are the trusted side's,
-        it cannot change them, and it never sees the next call's before its clock runs."""
-        import hashlib
+        it cannot change them, and it never sees the next call's before its clock runs. The tensors
+        stay here until the next block: the check compares the file with them."""
         collect_between_calls()
-        layouts, prints = [], []
+        self.prepared = {}
+        layouts, kept = [], []
         for seed, path in zip(cmd["seeds"], cmd["paths"]):
             data = self.task.generate_input(cmd["case"], seed, device="cpu")
-            found, tensors, chunks, pos = [], [], [], 0
+            found, tensors, pos = [], [], 0
             call = skeleton(data, found)
-            for t in found:
-                raw = t.detach().contiguous().reshape(-1).view(torch_uint8()).numpy().tobytes()
-                tensors.append([pos, len(raw), str(t.dtype).removeprefix("torch."), list(t.shape)])
-                chunks.append(raw + bytes(-len(raw) % 64))  # 64-byte aligned: every dtype views cleanly
-                pos += len(raw) + (-len(raw) % 64)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
-                f.write(b"".join(chunks))
+                for t in found:
+                    raw = t.detach().contiguous().reshape(-1).view(torch_uint8()).numpy()
+                    shift = 64 * random.randrange(64)
+                    f.write(bytes(shift))
+                    pos += shift
+                    pad = -raw.nbytes % 64  # 64-byte aligned: every dtype views cleanly
+                    tensors.append([pos, raw.nbytes, str(t.dtype).removeprefix("torch."), list(t.shape)])
+                    f.write(memoryview(raw))
+                    f.write(bytes(pad))
+                    pos += raw.nbytes + pad
             layouts.append({"calls": [call], "tensors": tensors, "size": pos})
-            prints.append(hashlib.blake2b(output_bytes(data), digest_size=16).hexdigest())
-        self.prepared = {cmd["id"]: prints}
+            kept.append(found)
+        self.prepared = {cmd["id"]: kept}
         return {"op": "prepared", "id": cmd["id"], "layouts": layouts}
 
     def call(self, cmd):
         """CPU, both roles: one window's calls (a few, consecutive) on the inputs the trusted side
-        wrote for each (mapped read-only), every output described and fingerprinted (SHA-256)
+        wrote for each (mapped read-only), every output described and fingerprinted (BLAKE3)
         before the reply leaves. The parent's clock runs from this command to its reply, so the
         fingerprints prove the bytes existed inside the window: no work can be deferred past it,
         or moved into another window."""
@@ -424,7 +443,7 @@ class Worker:
         # Both roles do the same work inside the window; only the reference's figures are sent
         # (its timer is trusted, a candidate's never read).
         nbytes = bytes_of_call(data[0], out[0])
-        if self.role == "reference":
+        if self.reports_times:
             reply.update(ms=ms, bytes_per_call=nbytes)
         return reply
 
@@ -493,13 +512,21 @@ class Worker:
 
     def check(self, cmd):
         """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the
-        last block, which ran on the same inputs here."""
-        import hashlib
-
+        last block. On a GPU that call ran here on the same inputs (run_block); on CPU, where the
+        timing twin ran the block's reference calls, this worker runs the picked call now, untimed,
+        on the input file it wrote (`input`: its path and layout)."""
         import torch
-        bid, case, inputs, outs = self._block(cmd)
         j = cmd["index"]
-        expected = outs[j]
+        if "input" in cmd:
+            if cmd["id"] not in self.prepared:
+                raise RuntimeError(f"no block {cmd['id']} to check")
+            bid, case = cmd["id"], cmd["case"]
+            data = map_inputs(cmd["input"]["path"], cmd["input"]["layout"])[0]
+            inputs = {j: tensors_of(data)}
+            expected = snapshot(self.fn(data))
+        else:
+            bid, case, inputs, outs = self._block(cmd)
+            expected = outs[j]
         exp_tensors = tensors_of(expected)
         t0 = time.process_time()
         output_bytes(expected)  # what the candidate's handover cost: the parent's allowance for it
@@ -523,7 +550,10 @@ class Worker:
             return {**reply, "forged": True,
                     "message": "handed-over bytes differ from what the worker committed to when its calls returned"}
         if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
-            changed = hashlib.blake2b(output_bytes(inputs[j]), digest_size=16).hexdigest() != self.prepared[bid][j]
+            pristine = self.prepared[bid][j]
+            changed = len(pristine) != len(inputs[j]) or not all(
+                a.dtype == b.dtype and a.shape == b.shape and torch.equal(_raw(a), _raw(b))
+                for a, b in zip(pristine, inputs[j]))
         else:  # GPU: the candidate's fingerprint of its inputs against ours of the pristine ones
             changed = digest(inputs[j], cmd["a"], cmd["b"]) != cmd["in_digest"]
         if changed:
@@ -597,6 +627,11 @@ def map_inputs(path, layout):
             return {k: build(v) for k, v in node["dict"]}
         return node["v"]
     return [build(c) for c in layout["calls"]]
+
+
+def _raw(t):
+    import torch
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def output_bytes(out):

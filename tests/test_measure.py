@@ -48,6 +48,25 @@ def test_correct_candidate_is_ok_with_times_and_speedup(tmp_path):
     assert m.noise > 0 and isinstance(m.within_noise, bool) and m.candidate_peak_gb >= 0
 
 
+def test_on_cpu_the_reference_side_of_every_window_is_its_timing_twin(monkeypatch):
+    """The reference's timed calls run in its twin: a worker started in the candidate's role (the
+    same command line and sandbox) that loaded the task's reference, and that gets the candidate's
+    sequence of commands (calls and handovers). The reference worker makes the inputs and checks
+    the picked call, and times nothing."""
+    from harness import measure_channel
+    sent, send = [], measure_channel.WorkerProcess.send
+    monkeypatch.setattr(measure_channel.WorkerProcess, "send", lambda self, obj: sent.append((self, obj)) or send(self, obj))
+    m = run(BODY + "def custom_kernel(data):\n    return _ce(*data)\n")
+    assert m.status == "ok", m.message
+    ops = {who: [obj["op"] for w, obj in sent if (w.role, w.trusted) == who]
+           for who in [("reference", True), ("candidate", True), ("candidate", False)]}
+    reference, twin, candidate = ops.values()
+    assert "call" not in reference and reference.count("check") == candidate.count("handover") > 0
+    assert twin.count("call") == candidate.count("call") > 0 and twin.count("handover") == candidate.count("handover")
+    twin_cmds = [obj for w, obj in sent if w.role == "candidate" and w.trusted]
+    assert all("source" not in c for c in twin_cmds if c["op"] == "load")  # never a candidate's code
+
+
 def test_seed_is_ok_and_the_cache_is_hit_the_second_time(tmp_path):
     first = run(seed_source(TASK), use_cache=True, cache_dir=tmp_path)
     assert first.status == "ok" and not first.cached

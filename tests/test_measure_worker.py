@@ -100,6 +100,64 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
         measure.measure("cross_entropy", "def custom_kernel(data):\n    return data\n", device="cpu", baseline="jit")
 
 
+def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_path, monkeypatch):
+    """The twin (measure.py, CPU): a worker started in the candidate's role whose load op takes the
+    task's reference instead of a file; it then reports its times as the reference worker does,
+    while a worker that loaded a candidate's file never does. Loading it through compile takes the
+    compiled reference (--baseline compile)."""
+    import io
+    import json
+
+    from triton.runtime import interpreter  # imported before the workers' import hooks (one per Worker here)
+
+    from harness import measure_worker
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
+    ref = measure_worker.Worker("reference", "fp8_quant", "cpu", io.BytesIO())
+    case = ref.task.CPU_CASES[0]
+    paths = [str(tmp_path / f"in-{j}.bin") for j in range(2)]
+    layouts = ref.prepare({"id": 1, "case": case, "seeds": [5, 6], "paths": paths})["layouts"]
+    call = {"id": 1, "op": "call", "case": case, "index": 0,
+            "inputs": [{"path": p, "layout": lay} for p, lay in zip(paths, layouts)]}
+
+    twin = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
+    assert twin.load({"op": "load", "reference": "eager"})["op"] == "loaded"
+    assert twin.fn is twin.task.reference
+    reply = twin.call(call)
+    assert len(reply["ms"]) == 2 and all(ms > 0 for ms in reply["ms"]) and reply["bytes_per_call"] > 0
+
+    cand = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
+    source = "from tasks.fp8_quant import reference\n\ndef custom_kernel(data):\n    return reference(data)\n"
+    assert cand.load({"op": "load", "source": source})["op"] == "loaded"
+    reply = cand.call(call)
+    assert "ms" not in reply and "bytes_per_call" not in reply
+    assert json.loads(json.dumps(reply))["out_digests"] == twin.call({**call, "id": 2})["out_digests"]
+
+    compiled = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
+    compiled.load({"op": "load", "reference": "compile"})
+    assert getattr(compiled.fn, "_torchdynamo_orig_callable", None) is compiled.task.reference
+
+
+def test_the_candidate_and_its_twin_start_without_address_randomisation_the_reference_with_it():
+    """On CPU both timed sides start with one address layout (measure_sandbox.fixed_address_layout),
+    through bubblewrap as without it; the reference worker, which reads candidates' bytes, and the
+    parent itself keep theirs."""
+    import subprocess
+    import sys
+
+    from harness import measure_sandbox
+    show = [sys.executable, "-S", "-c", "print(open('/proc/self/personality').read().strip())"]
+    plans = [None] + ([measure_sandbox.require_sandbox()] if measure_sandbox.sandbox_plan().problem is None else [])
+    for plan in plans:
+        for fixed in (True, False):
+            box = measure_sandbox.Sandbox.start(show, "cpu", plan, memory_bytes=float("inf"), fixed_layout=fixed,
+                                                stderr=subprocess.DEVNULL)
+            flags = int(box.popen.stdout.read().decode().split()[0], 16)
+            box.popen.wait()
+            box.close()
+            assert bool(flags & measure_sandbox.ADDR_NO_RANDOMIZE) == fixed, (plan, fixed, hex(flags))
+    assert not int(open("/proc/self/personality").read(), 16) & measure_sandbox.ADDR_NO_RANDOMIZE
+
+
 def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkeypatch):
     """What a plan of the GPU's memory reads (Measurement.reference_peak_gb) is the reference's own
     need: the allocator's peak less the timer's L2 flush buffer, held by every worker alike."""
