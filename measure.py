@@ -9,9 +9,13 @@ from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence
   parent (this file)       draws the seeds, picks which calls to verify, owns the clock, decides
                            the status, writes the cache. It never imports, unpickles or runs
                            candidate code, and reads the workers' replies with a typed parser.
-  reference worker         trusted, never loads a candidate: makes the inputs, runs and times the
-                           reference, and checks the candidate's output bytes against its own
-                           outputs for the same inputs (measure_worker.py).
+  reference worker         trusted, never loads a candidate: makes the inputs, checks the
+                           candidate's output bytes against the reference's for the same inputs,
+                           and on a GPU runs and times the reference (measure_worker.py).
+  timing twin (CPU)        trusted: a fresh worker started exactly as the candidate's is (same
+                           role, sandbox, limits, address layout) that loads the reference and gets
+                           the candidate's commands. Its windows are the reference's side: a
+                           process's speed follows its history, and the twin's is the candidate's.
   candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
                            own cgroup): loads the candidate, runs it on the same inputs, hands
                            bytes over when asked. Its own timer is never read.
@@ -35,7 +39,8 @@ The measurement, one candidate:
    time of the sandbox's cgroup (every thread and process the candidate ever started, reaped or
    not) from the window's command to its reply; on a GPU the wall clock from the block's command
    to its fingerprint, which follows a device synchronisation. Both sides of a comparison run on
-   one CPU core. The reference's time per call is the lower quartile of its own (trusted) timer;
+   one CPU core. The reference's time per call is the lower quartile of its own (trusted) timer
+   (on CPU the twin's);
    the candidate's is that plus the median over pairs of its window less the reference's, in
    which the harness's share of a window and the machine's drift cancel. On CPU, the CPU time the
    candidate's sandbox used between its windows beyond what the reference's did is charged to
@@ -71,7 +76,7 @@ from harness.measure_worker import case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "3.1"  # 3.1: outputs judged as GPU MODE judges them (cast, kinds of non-finite); GPU MODE shapes
+HARNESS_VERSION = "3.2"  # 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
