@@ -581,7 +581,7 @@ class _Session:
         cpu = self.device == "cpu"
         if self.timed_ref is not self.ref:
             # The twin hands over its picked call too, unread: its history stays the candidate's
-            # (a handover copies the outputs and collects garbage: see WorkerSet.twin_worker).
+            # (a handover copies the outputs and collects garbage: see WorkerSet.candidate_worker).
             self._enter("ref")
             got = self._ref_call({"id": self.block_id, "op": "handover", **pick}, "bytes", worker=self.timed_ref)
             self.timed_ref.recv_bytes(got["n"], time.monotonic() + 600)

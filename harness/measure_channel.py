@@ -548,9 +548,7 @@ class WorkerSet:
         baseline "compile": its reference is torch.compile'd (measure.py --baseline compile)."""
         key = (task, device, sandboxed, baseline)
         if key not in self.references or not self.references[key][0].alive():
-            for w, _ in self.references.values():
-                w.kill()
-            self.references.clear()
+            self.drop_reference()
             plan = sandbox_plan() if sandboxed else None
             d = self._dirs(plan)
             w = WorkerProcess("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
@@ -561,7 +559,6 @@ class WorkerSet:
                 w.kill()
                 raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
         return self.references[key]
-
 
     def drop_reference(self):
         for w, _ in self.references.values():

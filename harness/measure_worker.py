@@ -76,7 +76,7 @@ def digest(tensors, a, b):
     import torch
     out = []
     for t in tensors:
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        raw = raw_bytes(t)
         if raw.device.type == "cpu":
             h = blake3.blake3(a.to_bytes(8, "little") + b.to_bytes(8, "little"))
             h.update(raw.numpy())
@@ -404,7 +404,10 @@ class Worker:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
                 for t in found:
-                    raw = t.detach().contiguous().reshape(-1).view(torch_uint8()).numpy()
+                    raw = raw_bytes(t).numpy()
+                    # Each tensor at a random 64-byte offset of its page: where a call's inputs sit
+                    # against its outputs' addresses (cache sets) varies from call to call instead
+                    # of repeating in every call of a process.
                     shift = 64 * random.randrange(64)
                     f.write(bytes(shift))
                     pos += shift
@@ -552,7 +555,7 @@ class Worker:
         if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
             pristine = self.prepared[bid][j]
             changed = len(pristine) != len(inputs[j]) or not all(
-                a.dtype == b.dtype and a.shape == b.shape and torch.equal(_raw(a), _raw(b))
+                a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw_bytes(a), raw_bytes(b))
                 for a, b in zip(pristine, inputs[j]))
         else:  # GPU: the candidate's fingerprint of its inputs against ours of the pristine ones
             changed = digest(inputs[j], cmd["a"], cmd["b"]) != cmd["in_digest"]
@@ -574,11 +577,6 @@ class Worker:
 # ---------------------------------------------------------------------------------------------
 # Inputs in a file: the trusted side writes them, both sides map them read-only.
 # ---------------------------------------------------------------------------------------------
-
-def torch_uint8():
-    import torch
-    return torch.uint8
-
 
 def skeleton(data, tensors):
     """A JSON description of a (nested) input, its tensors replaced by their index in `tensors`."""
@@ -629,15 +627,15 @@ def map_inputs(path, layout):
     return [build(c) for c in layout["calls"]]
 
 
-def _raw(t):
+def raw_bytes(t):
+    """A tensor's bytes as a flat uint8 tensor on its device (a view where it is contiguous)."""
     import torch
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def output_bytes(out):
     """The raw bytes of an output's tensors, one after the other (what a handover sends)."""
-    import torch
-    return b"".join(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() for t in tensors_of(out))
+    return b"".join(raw_bytes(t).cpu().numpy().tobytes() for t in tensors_of(out))
 
 
 def peak_memory_bytes(device):
