@@ -12,10 +12,11 @@ from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence
   reference worker         trusted, never loads a candidate: makes the inputs, checks the
                            candidate's output bytes against the reference's for the same inputs,
                            and on a GPU runs and times the reference (measure_worker.py).
-  timing twin (CPU)        trusted: a fresh worker started exactly as the candidate's is (same
-                           role, sandbox, limits, address layout) that loads the reference and gets
-                           the candidate's commands. Its windows are the reference's side: a
-                           process's speed follows its history, and the twin's is the candidate's.
+  timing twin (CPU)        trusted: a fresh worker started with the candidate's, exactly as it is
+                           (same role, sandbox, limits, address layout, hash seed, input paths),
+                           that loads the reference and gets the candidate's commands. Its windows
+                           are the reference's side: a process's speed follows its history and its
+                           start, and the twin's are the candidate's.
   candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
                            own cgroup): loads the candidate, runs it on the same inputs, hands
                            bytes over when asked. Its own timer is never read.
@@ -76,7 +77,7 @@ from harness.measure_worker import case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "3.2"  # 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
+HARNESS_VERSION = "3.3"  # 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -290,10 +291,9 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
     verdict may be cached)."""
     ws = workers(gpu)  # this thread's workers on that GPU
     for attempt in (0, 1):
-        cand = ws.candidate_worker(task, device, sandboxed, memory_bytes)  # boots while the reference does
-        # CPU: the reference's timed calls run in a twin, a fresh worker born as the candidate's is
-        # (measure_channel.WorkerSet.candidate_worker); the reference worker makes inputs and checks.
-        twin = ws.candidate_worker(task, device, sandboxed, memory_bytes, twin=True) if device == "cpu" else None
+        # CPU: the reference's timed calls run in a twin, a fresh worker born with the candidate's
+        # (measure_channel.WorkerSet.candidate_pair); the reference worker makes inputs and checks.
+        cand, twin = ws.candidate_pair(task, device, sandboxed, memory_bytes)  # they boot while the reference does
         try:
             try:
                 ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
@@ -434,7 +434,7 @@ class _Session:
                 cmd = {"id": bid, "op": "call", "case": case, "index": j}
                 for side in (("cand", "ref") if secrets.randbits(1) else ("ref", "cand")):
                     if side == "ref":  # the twin, on the trusted side's own files
-                        inputs = [{"path": paths[i], "layout": layouts[i]} for i in calls]
+                        inputs = [{"path": os.path.join(self.timed_ref.inputs_at, names[i]), "layout": layouts[i]} for i in calls]
                         reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
                         if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
                             raise HarnessError("the reference worker's reply lacks its times")
@@ -581,7 +581,7 @@ class _Session:
         cpu = self.device == "cpu"
         if self.timed_ref is not self.ref:
             # The twin hands over its picked call too, unread: its history stays the candidate's
-            # (a handover copies the outputs and collects garbage: see WorkerSet.candidate_worker).
+            # (a handover copies the outputs and collects garbage: see WorkerSet.candidate_pair).
             self._enter("ref")
             got = self._ref_call({"id": self.block_id, "op": "handover", **pick}, "bytes", worker=self.timed_ref)
             self.timed_ref.recv_bytes(got["n"], time.monotonic() + 600)

@@ -187,7 +187,7 @@ class WorkerProcess:
     protocol violations are the harness's failures, not a candidate's."""
 
     def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=(),
-                 baseline="eager", trusted=None):
+                 baseline="eager", trusted=None, hash_seed=None):
         self.role, self.memory_bytes = role, memory_bytes
         self.trusted = role == "reference" if trusted is None else trusted
         argv = [sys.executable, "-B", WORKER, role, task, device] + (["compile"] if baseline == "compile" else [])
@@ -195,6 +195,8 @@ class WorkerProcess:
             binds_ro = [*binds_ro, task]
         tmp = "/tmp" if plan is not None else tempfile.mkdtemp(dir=exchange(), prefix=f"{role}-tmp-")
         env = worker_env(device, tmp)
+        if hash_seed is not None:  # a candidate and its twin share one (WorkerSet.candidate_pair)
+            env["PYTHONHASHSEED"] = hash_seed
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
         # CPU: the candidate's and the twin's processes start with one address layout (no
@@ -523,7 +525,7 @@ class WorkerSet:
 
     def __init__(self, visible):
         self.visible = visible
-        self.references, self.spares, self.last_key = {}, {}, {False: None, True: None}
+        self.references, self.spares, self.last_key = {}, {}, None
         self.dirs = None
         # One core runs this set's reference and candidate while a candidate is measured (they
         # never run at once): the two sides of every comparison on the same hardware, and a
@@ -565,51 +567,69 @@ class WorkerSet:
             w.kill()
         self.references.clear()
 
-    def candidate_worker(self, task, device, sandboxed, memory_bytes, twin=False):
-        """A fresh candidate worker (a booted spare when there is one). A thread that asks twice in
+    def candidate_pair(self, task, device, sandboxed, memory_bytes):
+        """(a fresh candidate worker, its timing twin): a booted spare pair when there is one. On a
+        GPU the twin is None (the reference worker times itself there). A thread that asks twice in
         a row for the same kind (task, device, sandbox, memory), or that just took a spare of it,
-        will likely go on measuring that kind: then a spare boots while the candidate is measured
-        (booting Python, torch and the task takes seconds): one, which boots on another core, and
-        the spares of other kinds end. A one-off of another kind starts no spare (it would end
-        unused) and leaves the waiting spare of the kind before it alone.
+        will likely go on measuring that kind: then a spare pair boots while the candidate is
+        measured (booting Python, torch and the task takes seconds), on another core, and the
+        spares of other kinds end. A one-off of another kind starts no spare (it would end unused)
+        and leaves the waiting spare of the kind before it alone.
 
-        twin=True: the reference's timing twin for this measurement (CPU, measure.py), booted and
-        kept in spares the same way. It is a candidate worker in all but two things: it is trusted
-        (it will load the reference, never a candidate), and it sees the trusted side's input
-        folder instead of the folder where the candidate's inputs appear. A process runs the same
-        code a few percent faster or slower depending on its history (what it allocated and freed
-        shapes its heap; measured: the reference worker, which writes every block's inputs and
-        checks outputs, ran the reference's own calls 5 to 10% faster than a candidate worker, and
-        a twin kept from one measurement to the next drifted from fresh candidates), so each
-        measurement gets a fresh twin, born as its candidate is."""
+        The twin (CPU, measure.py) is the reference's side of every timed pair. It is a candidate
+        worker in all but two things: it is trusted (it loads the reference, never a candidate),
+        and it sees the trusted side's input folder where the candidate sees the folder its inputs
+        appear in (same path inside either sandbox). A process runs the same code a few percent
+        faster or slower depending on its history and its start (measured: the reference worker,
+        which writes every block's inputs and checks outputs, ran the reference's own calls 5 to
+        10% faster than a candidate worker; a twin kept from one measurement to the next drifted
+        from fresh candidates; two fresh processes differ by 2 to 12% for the same calls, mostly by
+        their hash seed), so each measurement gets a fresh pair, born together: the same way, on
+        the same core, with one address layout and one hash seed (common random numbers: what
+        would make one side slower makes the other as slow)."""
         kind = (task, device, sandboxed, memory_bytes)
-        key = kind + (twin,)
-        spares = self.spares.get(key, [])
-        w = spares.pop(0) if spares else None
-        took_spare = w is not None
-        if w is None or not w.alive():
-            w = self._new_candidate(task, device, sandboxed, memory_bytes, twin)
-        if took_spare or kind == self.last_key[twin]:
-            for other in [k for k in self.spares if k[:4] != kind]:  # spares of one kind at a time
+        spares = self.spares.get(kind, [])
+        pair = spares.pop(0) if spares else None
+        took_spare = pair is not None
+        if pair is None or not all(w.alive() for w in pair if w is not None):
+            for w in pair or ():
+                if w is not None:
+                    w.kill()
+            pair = self._new_pair(task, device, sandboxed, memory_bytes)
+        if took_spare or kind == self.last_key:
+            for other in [k for k in self.spares if k != kind]:  # spares of one kind at a time
                 for old in self.spares.pop(other):
-                    old.kill()
-            spares = [s for s in self.spares.get(key, []) if s.alive()]
+                    for w in old:
+                        if w is not None:
+                            w.kill()
+            spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in p if w is not None)]
             while len(spares) < 1:
-                spares.append(self._new_candidate(task, device, sandboxed, memory_bytes, twin))
-                pin(spares[-1], self.spare_cores)
-            self.spares[key] = spares
-        self.last_key[twin] = kind
-        return w
+                spares.append(self._new_pair(task, device, sandboxed, memory_bytes))
+                for w in spares[-1]:
+                    if w is not None:
+                        pin(w, self.spare_cores)
+            self.spares[kind] = spares
+        self.last_key = kind
+        return pair
 
-    def _new_candidate(self, task, device, sandboxed, memory_bytes, twin=False):
+    def _new_pair(self, task, device, sandboxed, memory_bytes):
         plan = sandbox_plan() if sandboxed else None
         d = self._dirs(plan)
-        return WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[d["inputs"] if twin else d["shown"]], trusted=twin)
+        seed = str(secrets.randbelow(2**32))  # PYTHONHASHSEED's range
+        cand = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
+                             binds_ro=[d["shown"]], hash_seed=seed)
+        if device != "cpu":
+            return cand, None
+        # Inside its sandbox the twin finds the trusted inputs where the candidate finds its own
+        # (the same path strings in both processes); unsandboxed it reads them where they are.
+        twin = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
+                             binds_ro=[(d["inputs"], d["shown"])], trusted=True, hash_seed=seed)
+        twin.inputs_at = d["shown"] if plan is not None else d["inputs"]
+        return cand, twin
 
     def close(self):
         self.drop_reference()
-        for w in [w for spares in self.spares.values() for w in spares]:
+        for w in [w for spares in self.spares.values() for pair in spares for w in pair if w is not None]:
             w.kill()
         self.spares.clear()
         if self.dirs:

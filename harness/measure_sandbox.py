@@ -152,8 +152,9 @@ def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
     for path in sorted({os.path.realpath(p) for p in extra if p and os.path.isdir(p)}):
         if not _under(path, "/usr"):
             bind("--ro-bind", path, path)
-    for path in binds_ro:
-        bind("--ro-bind", path, path)
+    for path in binds_ro:  # a path, or (source, where the sandbox sees it)
+        src, dest = path if isinstance(path, tuple) else (path, path)
+        bind("--ro-bind", src, dest)
     for src, dest in binds_rw:
         bind("--bind", src, dest)
     return argv + ["--chdir", "/tmp"]

@@ -49,13 +49,20 @@ def test_correct_candidate_is_ok_with_times_and_speedup(tmp_path):
 
 
 def test_on_cpu_the_reference_side_of_every_window_is_its_timing_twin(monkeypatch):
-    """The reference's timed calls run in its twin: a worker started in the candidate's role (the
-    same command line and sandbox) that loaded the task's reference, and that gets the candidate's
-    sequence of commands (calls and handovers). The reference worker makes the inputs and checks
+    """The reference's timed calls run in its twin: a worker started with the candidate, in its
+    role (the same command line, sandbox and hash seed), that loaded the task's reference, and that
+    gets the candidate's sequence of commands (calls and handovers, the same input paths). The reference worker makes the inputs and checks
     the picked call, and times nothing."""
     from harness import measure_channel
-    sent, send = [], measure_channel.WorkerProcess.send
-    monkeypatch.setattr(measure_channel.WorkerProcess, "send", lambda self, obj: sent.append((self, obj)) or send(self, obj))
+    sent, send, seeds = [], measure_channel.WorkerProcess.send, {}
+
+    def spy(self, obj):
+        sent.append((self, obj))
+        if obj["op"] == "load":  # the hash seed the process really started with
+            environ = open(f"/proc/{self.tree()[-1]}/environ", "rb").read().split(b"\0")
+            seeds[self.trusted] = [e for e in environ if e.startswith(b"PYTHONHASHSEED=")]
+        return send(self, obj)
+    monkeypatch.setattr(measure_channel.WorkerProcess, "send", spy)
     m = run(BODY + "def custom_kernel(data):\n    return _ce(*data)\n")
     assert m.status == "ok", m.message
     ops = {who: [obj["op"] for w, obj in sent if (w.role, w.trusted) == who]
@@ -65,6 +72,11 @@ def test_on_cpu_the_reference_side_of_every_window_is_its_timing_twin(monkeypatc
     assert twin.count("call") == candidate.count("call") > 0 and twin.count("handover") == candidate.count("handover")
     twin_cmds = [obj for w, obj in sent if w.role == "candidate" and w.trusted]
     assert all("source" not in c for c in twin_cmds if c["op"] == "load")  # never a candidate's code
+    # Born as a pair: one hash seed, and each window's inputs at the same paths in both processes
+    assert len(seeds[True]) == 1 and seeds[True] == seeds[False]
+    calls = {trusted: [[x["path"] for x in obj["inputs"]] for w, obj in sent if w.role == "candidate"
+                       and w.trusted == trusted and obj["op"] == "call"] for trusted in (True, False)}
+    assert sorted(calls[True]) == sorted(calls[False])
 
 
 def test_seed_is_ok_and_the_cache_is_hit_the_second_time(tmp_path):

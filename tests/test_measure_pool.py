@@ -129,15 +129,15 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
 
 
 def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes_none(monkeypatch):
-    """A search asks for one kind of candidate worker over and over: from the second request on a
-    spare is booted while each candidate is measured. A one-off of another kind (a test's memory
-    cap, another task) starts no spare, and the spare of the kind before it waits for its return."""
+    """A search asks for one kind of candidate worker (with its timing twin) over and over: from the
+    second request on a spare pair is booted while each candidate is measured. A one-off of another
+    kind (a test's memory cap, another task) starts no spare, and the spare of the kind before it
+    waits for its return."""
     booted = []
 
     class Fake:
         def __init__(self, kind):
             self.kind, self.killed = kind, False
-            booted.append(self)
 
         def alive(self):
             return not self.killed
@@ -145,19 +145,27 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
         def kill(self):
             self.killed = True
 
+    def new_pair(task, *rest):
+        booted.append((Fake(task), Fake(task)))
+        return booted[-1]
+
     monkeypatch.setattr(measure_channel, "pin", lambda worker, cores: None)
     ws = measure_channel.WorkerSet(None)
-    monkeypatch.setattr(ws, "_new_candidate", lambda task, *rest: Fake(task))
-    got = [ws.candidate_worker(task, "cpu", True, 1) for task in ("a", "a", "a", "b", "a", "a")]
-    assert [w.kind for w in got] == ["a", "a", "a", "b", "a", "a"]
-    assert len(set(map(id, got))) == 6  # a fresh worker each time
+    monkeypatch.setattr(ws, "_new_pair", new_pair)
+    got = [ws.candidate_pair(task, "cpu", True, 1) for task in ("a", "a", "a", "b", "a", "a")]
+    assert [cand.kind for cand, twin in got] == ["a", "a", "a", "b", "a", "a"]
+    assert len(set(map(id, got))) == 6  # a fresh pair each time
     # a: booted; a: booted, and a spare; a: the spare, and a new one; b: booted, no spare of b, the
     # spare of a kept; a: that spare, and a new one; a: the spare, and a new one
-    assert [w.kind for w in booted] == ["a", "a", "a", "a", "b", "a", "a"]
-    assert not any(w.killed for w in booted)  # nothing booted for nothing
-    assert [w in got for w in booted] == [True, True, True, True, True, True, False]
+    assert [cand.kind for cand, twin in booted] == ["a", "a", "a", "a", "b", "a", "a"]
+    assert not any(w.killed for pair in booted for w in pair)  # nothing booted for nothing
+    assert [pair in got for pair in booted] == [True, True, True, True, True, True, False]
+    spare = booted[-1]
+    spare[1].kill()  # a spare pair with a dead member is not handed out, and its other member ends
+    assert ws.candidate_pair("a", "cpu", True, 1) not in (spare, *got)
+    assert spare[0].killed
     ws.close()
-    assert booted[-1].killed
+    assert all(w.killed for w in booted[-1])
 
 
 @pytest.mark.slow
