@@ -31,6 +31,18 @@ HONEST = 2.0  # the attacks that compute honestly use the reference itself: ~1x,
 FORGED = 1.3
 
 
+def at_most_honest(attack, name):
+    """The attack measured, for a check against FORGED: one quick figure of an honest ~1x reaches
+    1.3 by noise alone now and then when the machine is loaded (the suite measures two candidates
+    at once), so such a figure is measured again and the lower one stands, as the harness does for
+    a very high speedup. A forgery that worked would reach its claim both times."""
+    m = attack(name)
+    if m.status == "ok" and m.speedup >= FORGED:
+        again = attack(name)
+        m = again if again.status != "ok" or again.speedup < m.speedup else m
+    return m
+
+
 def _pwned_processes():
     found = []
     for comm in Path("/proc").glob("[0-9]*/comm"):
@@ -103,7 +115,7 @@ def test_work_in_a_helper_process_reaped_behind_the_clock_is_counted(attack):
     """With a cgroup, the helper's CPU time is in the sandbox's clock, reaped or not."""
     if not has_cgroup():
         pytest.skip("no cgroup on this machine: the no_cgroup test covers it")
-    m = attack("helper_process_reaped")
+    m = at_most_honest(attack, "helper_process_reaped")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
@@ -115,13 +127,13 @@ def test_without_a_cgroup_a_candidate_may_not_start_processes(attack, no_cgroup)
 def test_work_while_the_reference_runs_is_charged_to_the_candidate(attack):
     """A thread thrashes the caches while the reference is timed: its CPU time between the
     candidate's windows is the candidate's, and it costs far more than it slows the reference."""
-    m = attack("slow_the_reference")
+    m = at_most_honest(attack, "slow_the_reference")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
     assert any("outside its windows" in f for f in m.flags), m.flags
 
 
 def test_inputs_appear_only_when_the_candidates_call_starts(attack):
-    m = attack("early_inputs")
+    m = at_most_honest(attack, "early_inputs")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
@@ -138,7 +150,7 @@ def test_work_deferred_into_the_next_calls_window_is_caught(attack):
 def test_the_candidates_own_timer_is_never_read(attack, name):
     """The timer runs in the candidate's process, so it is run (the harness's cost stays the same
     on both sides) and thrown away: forged times of any size, noisy or not, move nothing."""
-    m = attack(name)
+    m = at_most_honest(attack, name)
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
@@ -285,7 +297,7 @@ def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
 
 
 def test_work_in_threads_that_exit_still_counts(attack):
-    m = attack("work_in_exiting_threads")
+    m = at_most_honest(attack, "work_in_exiting_threads")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
