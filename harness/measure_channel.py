@@ -591,23 +591,20 @@ class WorkerSet:
         spares = self.spares.get(kind, [])
         pair = spares.pop(0) if spares else None
         took_spare = pair is not None
-        if pair is None or not all(w.alive() for w in pair if w is not None):
-            for w in pair or ():
-                if w is not None:
-                    w.kill()
+        if pair is None or not all(w.alive() for w in _members(pair)):
+            for w in _members(pair or ()):
+                w.kill()
             pair = self._new_pair(task, device, sandboxed, memory_bytes)
         if took_spare or kind == self.last_key:
             for other in [k for k in self.spares if k != kind]:  # spares of one kind at a time
                 for old in self.spares.pop(other):
-                    for w in old:
-                        if w is not None:
-                            w.kill()
-            spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in p if w is not None)]
+                    for w in _members(old):
+                        w.kill()
+            spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in _members(p))]
             while len(spares) < 1:
                 spares.append(self._new_pair(task, device, sandboxed, memory_bytes))
-                for w in spares[-1]:
-                    if w is not None:
-                        pin(w, self.spare_cores)
+                for w in _members(spares[-1]):
+                    pin(w, self.spare_cores)
             self.spares[kind] = spares
         self.last_key = kind
         return pair
@@ -629,7 +626,7 @@ class WorkerSet:
 
     def close(self):
         self.drop_reference()
-        for w in [w for spares in self.spares.values() for pair in spares for w in pair if w is not None]:
+        for w in [w for spares in self.spares.values() for pair in spares for w in _members(pair)]:
             w.kill()
         self.spares.clear()
         if self.dirs:
@@ -639,6 +636,11 @@ class WorkerSet:
         with _ALL_LOCK:
             if self in _ALL_SETS:
                 _ALL_SETS.remove(self)
+
+
+def _members(pair):
+    """The workers of a (candidate, twin) pair: a GPU pair has no twin."""
+    return [w for w in pair if w is not None]
 
 
 def workers(gpu=None):
