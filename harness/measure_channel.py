@@ -538,10 +538,14 @@ class WorkerSet:
         _SETS_MADE += 1
 
     def _dirs(self, plan):
+        drop = plan is not None and plan.drop_uid
         if self.dirs is None:
-            drop = plan is not None and plan.drop_uid
             self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
                          "handover": _private_dir("handover-", False)}
+        elif drop and os.stat(self.dirs["inputs"]).st_uid != SANDBOX_UID:
+            # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread: a sandboxed
+            # reference worker runs as the sandbox's uid and writes the inputs there
+            os.chown(self.dirs["inputs"], SANDBOX_UID, SANDBOX_UID)
         return self.dirs
 
     def reference_worker(self, task, device, sandboxed, baseline="eager"):

@@ -305,6 +305,17 @@ def test_unsafe_no_sandbox_measures_where_bubblewrap_cannot_run(monkeypatch):
     assert "unsafe" in m.sandbox
 
 
+def test_a_sandboxed_measurement_after_an_unsandboxed_one_in_the_same_thread():
+    """The thread's folders were made by the unsandboxed measurement; the sandboxed reference
+    worker (the sandbox's uid, where the sandbox drops root) still writes its inputs there."""
+    from harness import measure_sandbox
+    if measure_sandbox.sandbox_plan().problem:
+        pytest.skip("bubblewrap cannot run here")
+    for unsafe in (True, False):
+        m = run(seed_source(TASK), unsafe_no_sandbox=unsafe)
+        assert m.status == "ok" and ("unsafe" in m.sandbox) == unsafe, m.message
+
+
 def test_a_speedup_above_the_confirmation_line_is_measured_twice(monkeypatch, tmp_path):
     """The slower of two fresh measurements stands; when they disagree beyond their noise the
     verdict is the noise's as much as the kernel's, and it is not cached."""

@@ -146,7 +146,7 @@ def test_the_candidate_and_its_twin_start_without_address_randomisation_the_refe
 
     from harness import measure_sandbox
     show = [sys.executable, "-S", "-c", "print(open('/proc/self/personality').read().strip())"]
-    plans = [None] + ([measure_sandbox.require_sandbox()] if measure_sandbox.sandbox_plan().problem is None else [])
+    plans = [None] + ([measure_sandbox.require_sandbox()] if not measure_sandbox.sandbox_plan().problem else [])
     for plan in plans:
         for fixed in (True, False):
             box = measure_sandbox.Sandbox.start(show, "cpu", plan, memory_bytes=float("inf"), fixed_layout=fixed,
