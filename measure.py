@@ -135,7 +135,7 @@ class Measurement:
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
     time_s: float | None = None       # the timed windows, both sides, verification included
-    verify_s: float | None = None     # of check_s + time_s: handing outputs over and checking them in full
+    verify_s: float | None = None     # of check_s + time_s: handing outputs over and checking them in full (on CPU the checks run beside the next block: what the parent waited)
     reference_peak_gb: float | None = None  # the trusted worker's peak memory (on a GPU: reserved, less the 256 MB L2 flush buffer)
     candidate_peak_gb: float | None = None  # the candidate sandbox's peak host memory (its cgroup)
     wall_s: float | None = None
@@ -299,9 +299,12 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
                 ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
-            for w in (ref, cand, twin):  # both sides of every comparison on one core (measure_channel.WorkerSet)
+            for w in (cand, twin):  # both sides of every comparison on one core (measure_channel.WorkerSet)
                 if w is not None:
                     pin(w, ws.core)
+            # On a GPU the reference worker is the reference's timed side; on CPU it makes inputs and
+            # checks outputs on another core while the twin and the candidate are timed (calls).
+            pin(ref, ws.core if twin is None else ws.spare_cores)
             session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline)
             return session.run(source)
         except HarnessError:
@@ -330,13 +333,18 @@ class _Session:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
-        self.block_id, self.bytes_per_call, self.call_ms, self.ref_peak = 0, {}, {}, 0
+        self.block_id, self.last_id, self.bytes_per_call, self.call_ms, self.ref_peak = 0, 0, {}, {}, 0
         # CPU: each side's clock at the end of its last command, and the CPU time it used between
         # commands (while the other side ran, or between calls). An honest worker waiting for its
         # next command uses next to none; the candidate's beyond the reference's is work it hid
         # from its windows, and is charged to it (case_times).
         self.clock_end, self.outside_ms = {}, {"ref": 0.0, "cand": 0.0}
         self.verify_s = 0.0  # wall time of the full checks (verify), within the budget's time
+        # CPU: the reference worker makes the next block's inputs and checks the last block's
+        # outputs while the twin and the candidate are timed on their own core (calls). Its replies
+        # come in the order of its commands: each awaited one is (op, what to do with it, files
+        # to remove once it came). `ahead`: the next block, its inputs being made.
+        self.ref_pending, self.ahead, self.inputs_made = [], None, []
 
     def run(self, source):
         try:
@@ -355,6 +363,7 @@ class _Session:
                 self.pair(case, 1, cand_first=secrets.randbits(1), verify=True)
             t2 = time.perf_counter()
             rows = [self.time_case(case) for case in self.timed_cases]
+            self._ref_settle()
         except WorkerFailed as e:
             return dict(status=e.status, message=e.message)
         except _Outcome as o:
@@ -364,6 +373,8 @@ class _Session:
         except Exception as e:  # noqa: BLE001 - a reply the typed parser let through and the parent then tripped on
             return dict(status="rejected", cacheable=False,
                         message=printable(f"the harness could not finish this measurement ({type(e).__name__}: {e}); not cached"))
+        finally:
+            self._drop_pending()
         logs = [math.log(r["speedup"]) for r in rows]
         speedup = math.exp(sum(logs) / len(rows))
         noise = math.sqrt(sum(r["noise"] ** 2 for r in rows)) / len(rows)
@@ -387,15 +398,16 @@ class _Session:
 
     # -- one pair of blocks: the same inputs on both sides, one call verified ----------------------
 
-    def pair(self, case, n, cand_first, verify, per_window=1):
+    def pair(self, case, n, cand_first, verify, per_window=1, ahead=False):
         """Run n calls on fresh inputs on both sides; verify one call of the candidate's, picked
         after it committed to all of them (always when `verify`, else with VERIFY_SHARE). Returns
         the trusted side's figures only: dict(ref_ms, ref_win, cand_win), lists of one figure per
         window of the parent's clock (on a GPU one window per block, the block's sum; on CPU
         blocks of several windows of `per_window` calls, see calls)."""
         if self.device == "cpu":
-            return self.calls(case, n, verify, per_window)
-        self.block_id += 1
+            return self.calls(case, n, verify, per_window, ahead)
+        self.last_id += 1
+        self.block_id = self.last_id
         seeds = [secrets.randbits(31) for _ in range(n)]
         keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
         out = {}
@@ -411,7 +423,19 @@ class _Session:
             self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
         return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win])
 
-    def calls(self, case, n, verify, per_window=1):
+    def _prepare(self, case, n):
+        """A block of n calls: the reference worker makes and writes its inputs (_ref_later)."""
+        self.last_id += 1
+        bid = self.last_id
+        names = [f"{bid}-{j}-{new_token()}.bin" for j in range(n)]
+        paths = [os.path.join(self.dirs["inputs"], x) for x in names]
+        cmd = {"id": bid, "op": "prepare", "case": case, "seeds": [secrets.randbits(31) for _ in range(n)], "paths": paths}
+        block = dict(id=bid, case=case, names=names, paths=paths, cmd=cmd)
+        self.inputs_made += paths
+        self._ref_later(cmd, "prepared", then=lambda reply: block.update(layouts=reply["layouts"]))
+        return block
+
+    def calls(self, case, n, verify, per_window=1, ahead=False):
         """CPU: n calls on fresh inputs in windows of `per_window` calls, each window timed on its
         own by the parent's clock (the CPU time of each side's sandbox from the window's command
         to its reply), the two sides' windows interleaved in a random order. A window's inputs
@@ -419,16 +443,20 @@ class _Session:
         of every call's outputs, so no work can be done in another window. Then one call, picked
         now, is checked in full (always when `verify`, else with VERIFY_SHARE). Returns
         dict(ref_ms, ref_win, cand_win), per window (ref_ms: the reference's compute in it)."""
-        self.block_id += 1
-        bid = self.block_id
-        names = [f"{bid}-{j}-{new_token()}.bin" for j in range(n)]
-        paths = [os.path.join(self.dirs["inputs"], x) for x in names]
+        block, self.ahead = self.ahead, None
+        if block is None or block["case"] != case or len(block["paths"]) != n:
+            block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
+        bid, names, paths = block["id"], block["names"], block["paths"]
+        self.block_id = bid
         shown = [os.path.join(self.dirs["shown"], x) for x in names]
-        seeds = [secrets.randbits(31) for _ in range(n)]
         ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
+        checked = None
         try:
-            layouts = self._ref_call({"id": bid, "op": "prepare", "case": case, "seeds": seeds, "paths": paths},
-                                     "prepared")["layouts"]
+            if "layouts" not in block:
+                self._ref_settle(block["cmd"])
+            layouts = block["layouts"]
+            if ahead:  # the next block's inputs are made on the other core while this one is timed
+                self.ahead = self._prepare(case, n)
             for j in range(0, n, per_window):
                 calls = range(j, min(n, j + per_window))
                 cmd = {"id": bid, "op": "call", "case": case, "index": j}
@@ -464,8 +492,12 @@ class _Session:
                 j = secrets.randbelow(n)  # the reference worker runs this call on the same file to check it
                 self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j],
                             {"path": paths[j], "layout": layouts[j]})
+                checked = j
         finally:
-            for p in paths + shown:
+            for i, p in enumerate(paths):
+                if i != checked:  # the picked call's file goes once its check has run (verify)
+                    _unlink(p)
+            for p in shown:
                 _unlink(p)
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):
@@ -506,12 +538,65 @@ class _Session:
         """A command to a trusted worker (the reference worker, or its timing twin); its failures
         are the harness's."""
         worker = worker or self.ref
+        if worker is self.ref:
+            self._ref_settle()  # its replies come in order: those awaited first
+        self._ref_send(cmd, worker)
+        return self._ref_recv(cmd, op, deadline_s, worker)
+
+    def _ref_send(self, cmd, worker):
         try:
             worker.send(cmd)
+        except WorkerFailed as e:
+            raise self._ref_failed(cmd, worker, e) from None
+
+    def _ref_recv(self, cmd, op, deadline_s, worker):
+        try:
             return worker.recv(time.monotonic() + deadline_s, op)
         except WorkerFailed as e:
-            who = "reference worker" if worker is self.ref else "reference's timing twin"
-            raise HarnessError(f"the {who} failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}") from None
+            raise self._ref_failed(cmd, worker, e) from None
+
+    def _ref_failed(self, cmd, worker, e):
+        who = "reference worker" if worker is self.ref else "reference's timing twin"
+        return HarnessError(f"the {who} failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}")
+
+    def _ref_later(self, cmd, op, then=None, files=()):
+        """A command to the reference worker whose reply is read later (_ref_settle), in order:
+        it works on the other core while the timed pair runs. `then(reply)` acts on the reply;
+        `files` are removed once it came."""
+        self._ref_send(cmd, self.ref)
+        self.ref_pending.append((cmd, op, then, list(files)))
+
+    def _ref_settle(self, upto=None):
+        """Read the reference worker's awaited replies, in order, up to and including `upto` (a
+        command sent with _ref_later; None: all of them), acting on each; returns that reply."""
+        while self.ref_pending:
+            cmd, op, then, files = self.ref_pending.pop(0)
+            try:
+                reply = self._ref_recv(cmd, op, 600, self.ref)
+            finally:
+                for path in files:
+                    _unlink(path)
+            if then is not None:
+                then(reply)
+            if cmd is upto:
+                return reply
+        return None
+
+    def _drop_pending(self):
+        """After a measurement, however it ended: no reply of the reference worker is left unread
+        (the next measurement talks to it), and no input file is left behind (once the replies
+        are in, no file is being written)."""
+        for _, op, _, files in self.ref_pending:
+            try:
+                if self.ref.alive():
+                    self.ref.recv(time.monotonic() + 600, op)
+            except WorkerFailed:
+                self.ref.kill()  # restarted by the next measurement (WorkerSet.reference_worker)
+            for path in files:
+                _unlink(path)
+        self.ref_pending, self.ahead = [], None
+        for path in self.inputs_made:
+            _unlink(path)
 
     def block(self, side, case, seeds, keys):
         """GPU: one side's block and commitment, timed by the parent's wall clock from the command
@@ -602,12 +687,22 @@ class _Session:
             self._leave("cand")
         cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
                "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
-        if ref_input is not None:
-            cmd.update(input=ref_input, case=case)
+        if ref_input is None:  # GPU: the reference worker holds the block's outputs; it checks now
+            try:
+                self._checked(self._ref_call(cmd, "checked"))
+            finally:
+                _unlink(path)
+            return
+        # CPU: it runs the picked call on the input file while the next block is timed; its verdict
+        # is read before that block's inputs (_ref_settle), so a wrong answer still ends the measurement.
+        cmd.update(input=ref_input, case=case)
         try:
-            verdict = self._ref_call(cmd, "checked")
-        finally:
+            self._ref_later(cmd, "checked", then=self._checked, files=[path, ref_input["path"]])
+        except HarnessError:
             _unlink(path)
+            raise
+
+    def _checked(self, verdict):
         self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)
         if not verdict["ok"]:
             raise _Outcome("rejected" if verdict["forged"] else "incorrect", verdict["message"])
@@ -634,15 +729,19 @@ class _Session:
         outside = dict(self.outside_ms)
         blocks, start = [], time.monotonic()
         while len(blocks) < max_blocks and (len(blocks) < min_blocks or time.monotonic() - start < 2 * budget):
-            blocks.append(self.pair(case, n, cand_first=len(blocks) % 2, verify=False, per_window=k))
+            blocks.append(self.pair(case, n, cand_first=len(blocks) % 2, verify=False, per_window=k,
+                                    ahead=len(blocks) + 1 < max_blocks))
+        row = self._case_row(case, blocks, k, outside)
+        row["case"] = case
+        row["floor_ms"] = self.physical_floor(case, row)
+        return row
+
+    def _case_row(self, case, blocks, k, outside):
         # CPU: what the candidate's sandbox used between its commands, beyond what the reference's
         # did between its own (each side waits alike for its next command), is work it hid.
         hidden = max(0.0, (self.outside_ms["cand"] - outside["cand"]) - (self.outside_ms["ref"] - outside["ref"]))
         windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win")}
-        row = case_times(windows, k, hidden, case_str(case))
-        row["case"] = case
-        row["floor_ms"] = self.physical_floor(case, row)
-        return row
+        return case_times(windows, k, hidden, case_str(case))
 
     def window_size(self, case):
         """(calls per window, calls per block). A window holds about BLOCK_MS of the reference's

@@ -393,9 +393,10 @@ class Worker:
         raw, to its own file (`paths`, in a folder only this worker may write). The candidate later
         maps a call's file read-only as that call starts: the inputs it gets are the trusted side's,
         it cannot change them, and it never sees the next call's before its clock runs. The tensors
-        stay here until the next block: the check compares the file with them."""
+        stay here while the block after next is made: the check compares the file with them, and
+        the parent makes a block while the one before it is timed and then checked (measure.py)."""
         collect_between_calls()
-        self.prepared = {}
+        self.prepared = dict(list(self.prepared.items())[-1:])  # the block made last (ids restart per measurement)
         layouts, kept = [], []
         for seed, path in zip(cmd["seeds"], cmd["paths"]):
             data = self.task.generate_input(cmd["case"], seed, device="cpu")
@@ -418,7 +419,7 @@ class Worker:
                     pos += raw.nbytes + pad
             layouts.append({"calls": [call], "tensors": tensors, "size": pos})
             kept.append(found)
-        self.prepared = {cmd["id"]: kept}
+        self.prepared[cmd["id"]] = kept
         return {"op": "prepared", "id": cmd["id"], "layouts": layouts}
 
     def call(self, cmd):

@@ -151,6 +151,35 @@ def custom_kernel(data):
 
 # ---- lazy or downgraded outputs ---------------------------------------------------------------------
 
+def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed():
+    """On CPU the reference worker checks a block's picked call while the next block is timed,
+    and makes that block's inputs meanwhile (measure._Session._ref_later). A kernel that turns
+    wrong once its correctness calls are behind it is still caught; so is one that dies there,
+    and either way no reply of the reference worker is left unread for the next measurement (it
+    is kept) and no input file is left behind."""
+    import os
+
+    from harness import measure_channel
+    from tasks import cross_entropy
+    honest = len(cross_entropy.CPU_CASES) * 2 + len(cross_entropy.CPU_CHECK_CASES)  # the correctness calls
+    turns = BODY + f"""
+_calls = [0]
+def custom_kernel(data):
+    _calls[0] += 1
+    losses, grad = _ce(*data)
+    if _calls[0] > {honest}:
+        {{}}
+    return losses, grad
+"""
+    wrong = turns.format("grad = grad * 0")
+    dies = turns.format("import os; os._exit(3)")
+    for source, status in [(wrong, "incorrect"), (dies, "crashed"), (BODY + "def custom_kernel(data):\n    return _ce(*data)\n", "ok")]:
+        m = run(source)
+        assert m.status == status, (status, m.message)
+        left = {name: os.listdir(path) for name, path in measure_channel.workers().dirs.items()}
+        assert not any(left.values()), left
+
+
 def test_tensor_subclass_output_is_incorrect():
     src = BODY + '''
 class Lazy(torch.Tensor):

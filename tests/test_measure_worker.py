@@ -168,3 +168,19 @@ def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkey
     assert measure_worker.peak_memory_bytes("cuda") == 5 * 2**30 - measure_worker.FLUSH_BYTES
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     assert measure_worker.peak_memory_bytes("cuda") == 0
+
+
+def test_the_reference_worker_keeps_a_blocks_inputs_while_the_next_is_made(tmp_path):
+    """measure.py makes a block's inputs while the block before it is timed, and checks that block
+    afterwards: the reference worker keeps the inputs of the block made before the last one, and
+    no older, whatever their ids (they start again at 1 with each measurement; the worker is kept)."""
+    import io
+
+    from harness import measure_worker
+    ref = measure_worker.Worker("reference", "fp8_quant", "cpu", io.BytesIO())
+    case = ref.task.CPU_CASES[0]
+    made = []
+    for bid in (40, 41, 1, 2):  # the end of one measurement, the start of the next
+        ref.prepare({"id": bid, "case": case, "seeds": [bid], "paths": [str(tmp_path / f"{len(made)}.bin")]})
+        made.append(bid)
+        assert list(ref.prepared) == made[-2:]
