@@ -103,3 +103,36 @@ def test_an_honest_kernel_at_the_floor_is_not_rejected_under_jitter():
         r["flags"] = list(r["flags"])
         measure.apply_floor(r, floor_ms, "c", "test")
         assert r["candidate_ms"] >= floor_ms
+
+
+@pytest.mark.parametrize("jitter_ms, quick, stretched", [
+    ((0.0, 0.02), False, False),  # quiet windows: the noise target is met within the budget
+    ((0.0, 3.0), False, True),    # noisy windows: timed on, up to STRETCH times the budget
+    ((0.0, 3.0), True, False),    # --quick never stretches
+])
+def test_a_noisy_case_is_timed_on_until_its_noise_target_or_the_cap(monkeypatch, jitter_ms, quick, stretched):
+    """measure._Session.time_case on a simulated clock: blocks of windows drawn as above, each
+    block taking 50 ms. The case stops at its budget when its noise figure is within
+    NOISE_TARGET, and is timed on, to at most STRETCH times its budget, when it is not."""
+    rng = random.Random(3)
+    now = [0.0]
+    monkeypatch.setattr(measure.time, "monotonic", lambda: now[0])
+    session = measure._Session.__new__(measure._Session)
+    session.device, session.quick, session.timed_cases = "cpu", quick, ["c"]
+    session.call_ms = {("c", "cand"): 1e3}  # warmed up by its correctness calls: no warm-up blocks
+    session.outside_ms = {"ref": 0.0, "cand": 0.0}
+    monkeypatch.setattr(measure._Session, "window_size", lambda self, case: (4, 16))
+
+    def pair(self, case, n, cand_first, verify, per_window=1, ahead=False):
+        now[0] += 0.05
+        return simulate(rng, 0.5, 1.0, per_window, n // per_window, share_ms=0.2, jitter_ms=jitter_ms, spike=(0.0, 0.0))
+    monkeypatch.setattr(measure._Session, "pair", pair)
+    row = session.time_case("c")
+    budget, min_blocks, _ = measure.REPS[("cpu", quick)]
+    spent = 2 * budget
+    if stretched:
+        assert now[0] >= measure.STRETCH * spent - 0.05 and row["noise"] > measure.NOISE_TARGET
+    else:
+        assert now[0] <= max(spent + 0.05, 0.05 * min_blocks)
+    if not quick and not stretched:
+        assert row["noise"] <= measure.NOISE_TARGET
