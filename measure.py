@@ -311,6 +311,7 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
             # checks outputs on another core while the twin and the candidate are timed (calls).
             pin(ref, ws.core if twin is None else ws.spare_cores)
             session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline)
+            session.beside = twin is not None and ws.spare_cores != ws.core  # one core: it waits its turn
             return session.run(source)
         except HarnessError:
             ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
@@ -350,6 +351,7 @@ class _Session:
         # come in the order of its commands: each awaited one is (op, what to do with it, files
         # to remove once it came). `ahead`: the next block, its inputs being made.
         self.ref_pending, self.ahead, self.inputs_made = [], None, []
+        self.beside = False  # it has a core of its own (_measure_once); else it works between blocks
 
     def run(self, source):
         try:
@@ -460,7 +462,7 @@ class _Session:
             if "layouts" not in block:
                 self._ref_settle(block["cmd"])
             layouts = block["layouts"]
-            if ahead:  # the next block's inputs are made on the other core while this one is timed
+            if ahead and self.beside:  # the next block's inputs are made on the other core while this one is timed
                 self.ahead = self._prepare(case, n)
             for j in range(0, n, per_window):
                 calls = range(j, min(n, j + per_window))
@@ -706,6 +708,8 @@ class _Session:
         except HarnessError:
             _unlink(path)
             raise
+        if not self.beside:
+            self._ref_settle()
 
     def _checked(self, verdict):
         self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)

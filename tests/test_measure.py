@@ -151,7 +151,7 @@ def custom_kernel(data):
 
 # ---- lazy or downgraded outputs ---------------------------------------------------------------------
 
-def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed():
+def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monkeypatch):
     """On CPU the reference worker checks a block's picked call while the next block is timed,
     and makes that block's inputs meanwhile (measure._Session._ref_later). A kernel that turns
     wrong once its correctness calls are behind it is still caught; so is one that dies there,
@@ -173,11 +173,49 @@ def custom_kernel(data):
 """
     wrong = turns.format("grad = grad * 0")
     dies = turns.format("import os; os._exit(3)")
+    waiting = []  # replies awaited as each command to the reference worker was sent
+    later = measure._Session._ref_later
+    monkeypatch.setattr(measure._Session, "_ref_later",
+                        lambda self, *a, **kw: (waiting.append(len(self.ref_pending)), later(self, *a, **kw))[1])
     for source, status in [(wrong, "incorrect"), (dies, "crashed"), (BODY + "def custom_kernel(data):\n    return _ce(*data)\n", "ok")]:
         m = run(source)
         assert m.status == status, (status, m.message)
         left = {name: os.listdir(path) for name, path in measure_channel.workers().dirs.items()}
         assert not any(left.values()), left
+    assert max(waiting) >= 1 or len(os.sched_getaffinity(0)) == 1  # it did work beside the timed pair
+
+
+@pytest.mark.slow
+def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
+    """With a core of its own the reference worker makes the next block's inputs and checks the
+    last one's while a block is timed (test_a_wrong_answer_in_a_timed_block_is_caught_while_the_
+    next_is_timed); where the measuring thread has one core, that work would share the timed
+    pair's core, so each of its commands is answered before the next block starts."""
+    import os
+    import threading
+
+    from harness import measure_channel
+    waiting = {}  # beside -> the most replies awaited when a command was sent
+    later = measure._Session._ref_later
+
+    def spy(self, cmd, op, then=None, files=()):
+        waiting[self.beside] = max(waiting.get(self.beside, 0), len(self.ref_pending))
+        return later(self, cmd, op, then, files)
+    monkeypatch.setattr(measure._Session, "_ref_later", spy)
+    source = BODY + "def custom_kernel(data):\n    return _ce(*data)\n"
+    results = []
+
+    def one_core():
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this thread, and what it starts
+        try:
+            results.append(run(source))
+        finally:
+            measure_channel.release_workers()
+    thread = threading.Thread(target=one_core)
+    thread.start()
+    thread.join()
+    assert results[0].status == "ok", results[0].message
+    assert waiting == {False: 0}
 
 
 def test_tensor_subclass_output_is_incorrect():
