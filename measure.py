@@ -308,10 +308,12 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
                 if w is not None:
                     pin(w, ws.core)
             # On a GPU the reference worker is the reference's timed side; on CPU it makes inputs and
-            # checks outputs on another core while the twin and the candidate are timed (calls).
-            pin(ref, ws.core if twin is None else ws.spare_cores)
-            session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline)
-            session.beside = twin is not None and ws.spare_cores != ws.core  # one core: it waits its turn
+            # checks outputs on another core while the twin and the candidate are timed (calls), or,
+            # where the thread has one core, between blocks.
+            beside = twin is not None and ws.spare_cores != ws.core
+            pin(ref, ws.spare_cores if beside else ws.core)
+            session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline,
+                               beside)
             return session.run(source)
         except HarnessError:
             ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
@@ -326,7 +328,8 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None, baseline="eager"):
+    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None, baseline="eager",
+                 beside=False):
         self.ref, self.cand, self.dirs, self.baseline = ref, cand, dirs, baseline
         # The worker whose timed calls are the reference's side of each pair: on CPU the twin, on
         # a GPU the reference worker itself (its CUDA events; no twin there yet, docs/MEASUREMENT.md).
@@ -351,7 +354,7 @@ class _Session:
         # come in the order of its commands: each awaited one is (op, what to do with it, files
         # to remove once it came). `ahead`: the next block, its inputs being made.
         self.ref_pending, self.ahead, self.inputs_made = [], None, []
-        self.beside = False  # it has a core of its own (_measure_once); else it works between blocks
+        self.beside = beside  # it has a core of its own (_measure_once); else it works between blocks
 
     def run(self, source):
         try:
@@ -569,9 +572,11 @@ class _Session:
     def _ref_later(self, cmd, op, then=None, files=()):
         """A command to the reference worker whose reply is read later (_ref_settle), in order:
         it works on the other core while the timed pair runs. `then(reply)` acts on the reply;
-        `files` are removed once it came."""
+        `files` are removed once it came. Without a core of its own it is answered now."""
         self._ref_send(cmd, self.ref)
         self.ref_pending.append((cmd, op, then, list(files)))
+        if not self.beside:
+            self._ref_settle()
 
     def _ref_settle(self, upto=None):
         """Read the reference worker's awaited replies, in order, up to and including `upto` (a
@@ -708,8 +713,6 @@ class _Session:
         except HarnessError:
             _unlink(path)
             raise
-        if not self.beside:
-            self._ref_settle()
 
     def _checked(self, verdict):
         self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)
