@@ -33,7 +33,8 @@ import threading
 import time
 import unicodedata
 
-from harness.measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, sandbox_plan, worker_env
+from harness.measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, can_undo_idle, sandbox_plan, wake_up, worker_env
+from harness.measure_worker import IDLE_ENV
 
 MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
 MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood
@@ -187,7 +188,7 @@ class WorkerProcess:
     protocol violations are the harness's failures, not a candidate's."""
 
     def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=(),
-                 baseline="eager", trusted=None, hash_seed=None):
+                 baseline="eager", trusted=None, hash_seed=None, idle=False):
         self.role, self.memory_bytes = role, memory_bytes
         self.trusted = role == "reference" if trusted is None else trusted
         argv = [sys.executable, "-B", WORKER, role, task, device] + (["compile"] if baseline == "compile" else [])
@@ -199,11 +200,14 @@ class WorkerProcess:
             env["PYTHONHASHSEED"] = hash_seed
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
+        idle = idle and can_undo_idle()
+        if idle:  # a spare: it boots at idle priority until taken (WorkerSet.candidate_pair)
+            env[IDLE_ENV] = "1"
         # CPU: the candidate's and the twin's processes start with one address layout (no
         # randomisation; the reference worker, which reads a candidate's bytes, keeps it).
         self.sandbox = Sandbox.start(argv, device, plan, memory_bytes=memory_bytes, env=env,
                                      fixed_layout=role == "candidate" and device == "cpu",
-                                     binds_rw=binds_rw, binds_ro=binds_ro)
+                                     binds_rw=binds_rw, binds_ro=binds_ro, idle=idle)
         self.proc = self.sandbox.popen
         self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
         for fd in (self.out, self.err):
@@ -234,6 +238,8 @@ class WorkerProcess:
             msg = parse_reply(line, op, trusted=self.trusted)
         except ProtocolError as e:
             raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
+        if msg["op"] == "ready":
+            self._main_pid()
         if msg["op"] == "error":
             status = msg["error"] if msg["error"] in ("runtime_error", "crashed", "compile_error") else "crashed"
             raise WorkerFailed(status, msg["message"])
@@ -318,13 +324,16 @@ class WorkerProcess:
             os.sched_yield()
 
     def _main_pid(self):
-        """The host pid of the worker's Python process (under bwrap, below its init)."""
+        """The host pid of the worker's Python process (under bwrap, below its init), found when
+        it reports ready, before any candidate code runs. Its command line is the one this class
+        started; bubblewrap's own holds it too, after bwrap's options (which once made the wait
+        in settle watch bubblewrap, always asleep, instead of the worker)."""
         if self.main_pid is None:
             self.main_pid = 0
             for pid in self.tree():
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        if b"measure_worker.py" in f.read():
+                        if f.read().split(b"\0")[:3] == [os.fsencode(sys.executable), b"-B", os.fsencode(WORKER)]:
                             self.main_pid = pid
                             break
                 except OSError:
@@ -576,8 +585,10 @@ class WorkerSet:
         GPU the twin is None (the reference worker times itself there). A thread that asks twice in
         a row for the same kind (task, device, sandbox, memory), or that just took a spare of it,
         will likely go on measuring that kind: then a spare pair boots while the candidate is
-        measured (booting Python, torch and the task takes seconds), on another core, and the
-        spares of other kinds end. A one-off of another kind starts no spare (it would end unused)
+        measured (booting Python, torch and the task takes seconds), on another core and at idle
+        priority (measure_sandbox.idle_priority: the reference worker makes the next inputs on
+        that core, and a boot beside it once cost a measurement three quarters of its windows),
+        and the spares of other kinds end. A one-off of another kind starts no spare (it would end unused)
         and leaves the waiting spare of the kind before it alone.
 
         The twin (CPU, measure.py) is the reference's side of every timed pair. It is a candidate
@@ -595,6 +606,9 @@ class WorkerSet:
         spares = self.spares.get(kind, [])
         pair = spares.pop(0) if spares else None
         took_spare = pair is not None
+        if took_spare:
+            for w in _members(pair):
+                wake_up(w.tree())
         if pair is None or not all(w.alive() for w in _members(pair)):
             for w in _members(pair or ()):
                 w.kill()
@@ -606,25 +620,25 @@ class WorkerSet:
                         w.kill()
             spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in _members(p))]
             while len(spares) < 1:
-                spares.append(self._new_pair(task, device, sandboxed, memory_bytes))
+                spares.append(self._new_pair(task, device, sandboxed, memory_bytes, idle=True))
                 for w in _members(spares[-1]):
                     pin(w, self.spare_cores)
             self.spares[kind] = spares
         self.last_key = kind
         return pair
 
-    def _new_pair(self, task, device, sandboxed, memory_bytes):
+    def _new_pair(self, task, device, sandboxed, memory_bytes, idle=False):
         plan = sandbox_plan() if sandboxed else None
         d = self._dirs(plan)
         seed = str(secrets.randbelow(2**32))  # PYTHONHASHSEED's range
         cand = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[d["shown"]], hash_seed=seed)
+                             binds_ro=[d["shown"]], hash_seed=seed, idle=idle)
         if device != "cpu":
             return cand, None
         # Inside its sandbox the twin finds the trusted inputs where the candidate finds its own
         # (the same path strings in both processes); unsandboxed it reads them where they are.
         twin = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[(d["inputs"], d["shown"])], trusted=True, hash_seed=seed)
+                             binds_ro=[(d["inputs"], d["shown"])], trusted=True, hash_seed=seed, idle=idle)
         twin.inputs_at = d["shown"] if plan is not None else d["inputs"]
         return cand, twin
 

@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
@@ -82,6 +83,73 @@ def fixed_address_layout(on=True):
         yield
     finally:
         libc.personality(old)
+
+
+@contextlib.contextmanager
+def idle_priority(on=True):
+    """Processes started inside this block (from this thread) run at idle priority (SCHED_IDLE):
+    they take a core only when nothing else wants it. A spare worker boots this way (importing
+    torch takes seconds of CPU) so that it does not slow the measurement in progress, whose
+    reference worker makes the next inputs on the same core. Where the kernel groups processes by
+    session (autogroup), a policy counts only within the group: the worker lowers its own group
+    as it starts (measure_worker.IDLE_ENV). wake_up undoes both when the spare is taken. Only
+    where this process may undo idle priority (root, or CAP_SYS_NICE): elsewhere an idle worker
+    could starve on a busy machine, so spares boot at normal priority."""
+    if not on or not can_undo_idle():
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)  # pid 0: this thread
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, policy, param)
+
+
+_UNDO_IDLE = []
+
+
+def can_undo_idle():
+    """Whether this process may take a thread out of idle priority, tried once in a thread of its own."""
+    if not _UNDO_IDLE:
+        def attempt():
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+                _UNDO_IDLE.append(True)
+            except (OSError, AttributeError):
+                _UNDO_IDLE.append(False)
+        probe = threading.Thread(target=attempt)
+        probe.start()
+        probe.join()
+    return _UNDO_IDLE[0]
+
+
+def wake_up(pids):
+    """These processes back to normal priority (idle_priority): each one's session group, and
+    every thread, again until none is left idle (a thread started by one not yet woken inherits
+    idle priority)."""
+    for pid in pids:
+        try:
+            _write(f"/proc/{pid}/autogroup", "0")
+        except OSError:
+            pass  # it ended, or the kernel has no autogroups
+    for _ in range(5):
+        left = 0
+        for pid in pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in map(int, tids):
+                try:
+                    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                        left += 1
+                except OSError:
+                    pass  # it ended
+        if not left:
+            return
 
 
 class SandboxUnavailable(ValueError):
@@ -531,12 +599,13 @@ class Sandbox:
 
     @classmethod
     def start(cls, command, device, plan, *, memory_bytes, env=None, binds_rw=(), binds_ro=(), stderr=subprocess.PIPE,
-              fixed_layout=False):
+              fixed_layout=False, idle=False):
         """Start `command` in a new sandbox, blocked until it is in its cgroup, under its limits
         and (as root) mapped to an unprivileged host uid. plan=None: no sandbox (--unsafe-no-sandbox).
-        fixed_layout: without address-space randomisation (see fixed_address_layout)."""
+        fixed_layout: without address-space randomisation (see fixed_address_layout); idle: at
+        idle priority until woken (idle_priority)."""
         if plan is None:
-            with fixed_address_layout(fixed_layout):
+            with fixed_address_layout(fixed_layout), idle_priority(idle):
                 popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                          env=env, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_parent)
             cgroup = None
@@ -563,7 +632,7 @@ class Sandbox:
             argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         cgroup = Cgroup(plan.cgroups, memory_bytes) if plan.cgroups else None
         try:
-            with fixed_address_layout(fixed_layout):
+            with fixed_address_layout(fixed_layout), idle_priority(idle):
                 popen = subprocess.Popen(argv + list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=stderr, env=env, pass_fds=(bpf, info_w, block_r), start_new_session=True)
         except OSError:

@@ -132,8 +132,8 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
     """A search asks for one kind of candidate worker (with its timing twin) over and over: from the
     second request on a spare pair is booted while each candidate is measured. A one-off of another
     kind (a test's memory cap, another task) starts no spare, and the spare of the kind before it
-    waits for its return."""
-    booted = []
+    waits for its return. A spare boots at idle priority and is woken when it is taken."""
+    booted, idles, woken = [], [], []
 
     class Fake:
         def __init__(self, kind):
@@ -145,11 +145,16 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
         def kill(self):
             self.killed = True
 
-    def new_pair(task, *rest):
+        def tree(self):
+            return [self]
+
+    def new_pair(task, *rest, idle=False):
         booted.append((Fake(task), Fake(task)))
+        idles.append(idle)
         return booted[-1]
 
     monkeypatch.setattr(measure_channel, "pin", lambda worker, cores: None)
+    monkeypatch.setattr(measure_channel, "wake_up", lambda pids: woken.extend(pids))
     ws = measure_channel.WorkerSet(None)
     monkeypatch.setattr(ws, "_new_pair", new_pair)
     got = [ws.candidate_pair(task, "cpu", True, 1) for task in ("a", "a", "a", "b", "a", "a")]
@@ -160,12 +165,52 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
     assert [cand.kind for cand, twin in booted] == ["a", "a", "a", "a", "b", "a", "a"]
     assert not any(w.killed for pair in booted for w in pair)  # nothing booted for nothing
     assert [pair in got for pair in booted] == [True, True, True, True, True, True, False]
+    assert idles == [False, False, True, True, False, True, True]  # the spares, and only they
+    assert woken == [w for pair in got if idles[booted.index(pair)] for w in pair]  # each spare as it was taken
     spare = booted[-1]
     spare[1].kill()  # a spare pair with a dead member is not handed out, and its other member ends
     assert ws.candidate_pair("a", "cpu", True, 1) not in (spare, *got)
     assert spare[0].killed
     ws.close()
     assert all(w.killed for w in booted[-1])
+
+
+@pytest.mark.slow
+def test_a_spare_worker_boots_at_idle_priority_and_wake_up_restores_it():
+    """Measured: a spare pair booting beside a measurement at normal priority took two thirds of
+    the core on which the reference worker makes the next inputs, and gdn_recompute_w_u came out
+    of 12 windows instead of about 100. A spare boots at idle priority, every thread of it and,
+    where the kernel groups processes by session, its session's group; taken, it is raised again."""
+    from harness.measure_sandbox import can_undo_idle, sandbox_plan, wake_up
+    if not can_undo_idle():
+        pytest.skip("this process may not undo idle priority (neither root nor CAP_SYS_NICE): spares boot at normal priority")
+    plan = sandbox_plan()
+    w = measure_channel.WorkerProcess("candidate", TASK, "cpu", plan=None if plan.problem else plan,
+                                      memory_bytes=2 << 30, idle=True)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the thread that started it is itself again
+
+    def state():
+        main = w._main_pid()
+        policies = {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{main}/task")}
+        group = None
+        if os.path.exists(f"/proc/{main}/autogroup"):
+            with open(f"/proc/{main}/autogroup") as f:
+                group = f.read().split()[-1]  # "/autogroup-N nice K"
+        return policies, group
+
+    try:
+        w.recv(time.monotonic() + 120, "ready")
+        with open(f"/proc/{w._main_pid()}/cmdline", "rb") as f:  # the worker itself, not bubblewrap around it
+            assert f.read().split(b"\0")[0] == os.fsencode(sys.executable)
+        policies, group = state()
+        assert policies == {os.SCHED_IDLE}
+        assert group in (None, "19")
+        wake_up(w.tree())
+        policies, group = state()
+        assert policies == {os.SCHED_OTHER}
+        assert group in (None, "0")
+    finally:
+        w.kill()
 
 
 @pytest.mark.slow
