@@ -19,6 +19,7 @@ measuring thread (WorkerSet): one trusted reference worker per task, kept, and a
 worker per measurement, with spares booting in the background.
 """
 import atexit
+import fcntl
 import glob
 import json
 import math
@@ -508,6 +509,27 @@ def _private_dir(prefix, owner_is_sandbox):
 
 
 _SETS_MADE = 0
+CORE_LOCKS = None  # the folder of the per-core lock files; None: /dev/shm, else the temporary folder
+
+
+def claim_core(cores, first):
+    """(core, the file descriptor that holds it, or None): the first of `cores`, from the last one
+    down, starting `first` places in, that no other worker set on this machine holds. A set holds
+    its core with an flock on a file named after it, which the kernel releases when the set closes
+    it or its process ends, however it ends. Every core held: `first`'s, shared."""
+    place = CORE_LOCKS or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    for k in range(len(cores)):
+        core = cores[-1 - (first + k) % len(cores)]
+        try:  # read-only is enough for flock, so any user may take a core another user's file names
+            fd = os.open(os.path.join(place, f"gpu-forecasters-core-{core}.lock"), os.O_RDONLY | os.O_CREAT, 0o444)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return core, fd
+        except OSError:
+            os.close(fd)
+    return cores[-1 - first % len(cores)], None
 
 
 def pin(worker, cores):
@@ -540,9 +562,12 @@ class WorkerSet:
         # never run at once): the two sides of every comparison on the same hardware, and a
         # booting spare elsewhere, so that importing torch does not run beside a timed call.
         # They boot unpinned, side by side (measure._measure_once pins them).
+        # The core is claimed machine-wide (claim_core): two processes that measure at once
+        # (two CLIs, the test suite's processes) time their pairs on cores of their own.
         global _SETS_MADE
         cores = sorted(os.sched_getaffinity(0))
-        self.core = {cores[-1 - _SETS_MADE % len(cores)]}
+        core, self.core_lock = claim_core(cores, _SETS_MADE)
+        self.core = {core}
         self.spare_cores = set(cores) - self.core or self.core
         _SETS_MADE += 1
 
@@ -643,6 +668,9 @@ class WorkerSet:
         return cand, twin
 
     def close(self):
+        if self.core_lock is not None:
+            os.close(self.core_lock)  # the core is free for another set
+            self.core_lock = None
         self.drop_reference()
         for w in [w for spares in self.spares.values() for pair in spares for w in _members(pair)]:
             w.kill()

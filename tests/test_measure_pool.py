@@ -175,6 +175,47 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
     assert all(w.killed for w in booted[-1])
 
 
+def test_worker_sets_claim_cores_that_no_other_set_on_the_machine_holds(tmp_path, monkeypatch):
+    """Each worker set times its pairs on a core of its own, machine-wide: a core another set holds,
+    in this process or another, is skipped; with every core held, sets share; a core is free again
+    once its set closes or its process ends, however it ends."""
+    import subprocess
+    monkeypatch.setattr(measure_channel, "CORE_LOCKS", str(tmp_path))
+    claim = measure_channel.claim_core
+    a, b = claim([0, 1], 0), claim([0, 1], 0)
+    assert (a[0], b[0]) == (1, 0) and None not in (a[1], b[1])
+    assert claim([0, 1], 0) == (1, None)  # every core held: shared
+    os.close(a[1])
+    again = claim([0, 1], 0)
+    assert again[0] == 1
+    os.close(again[1])
+    os.close(b[1])
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(tmp_path / 'gpu-forecasters-core-1.lock')!r}, os.O_RDONLY | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        other = claim([0, 1], 0)
+        assert other[0] == 0  # another process holds core 1
+        os.close(other[1])
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases its lock all the same
+        holder.wait()
+    freed = claim([0, 1], 0)
+    assert freed[0] == 1
+    os.close(freed[1])
+    if len(os.sched_getaffinity(0)) >= 2:  # two sets of this process: two cores, and back on close
+        first, second = measure_channel.WorkerSet(None), measure_channel.WorkerSet(None)
+        try:
+            assert first.core != second.core and first.core_lock is not None and second.core_lock is not None
+        finally:
+            first.close()
+            second.close()
+        assert first.core_lock is None
+
+
 @pytest.mark.slow
 def test_a_spare_worker_boots_at_idle_priority_and_wake_up_restores_it():
     """Measured: a spare pair booting beside a measurement at normal priority took two thirds of
