@@ -34,7 +34,8 @@ import threading
 import time
 import unicodedata
 
-from harness.measure_sandbox import MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, can_undo_idle, sandbox_plan, wake_up, worker_env
+from harness.measure_sandbox import (MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, can_undo_idle, sandbox_plan, threads,
+                                     wake_up, worker_env)
 from harness.measure_worker import IDLE_ENV
 
 MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
@@ -468,14 +469,20 @@ _THREAD = threading.local()
 _ALL_SETS, _ALL_LOCK = [], threading.Lock()
 
 
+def in_memory():
+    """A folder every process of this machine sees: /dev/shm where it is writable (in memory),
+    else the temporary folder."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
 def exchange():
     """The folder (in memory where /dev/shm is writable) through which the parent and the
     workers pass inputs and handed-over outputs; made on first use, removed at exit."""
     global _EXCHANGE
     with _ALL_LOCK:
         if _EXCHANGE is None:
-            place = os.environ.get("GPU_FORECASTERS_EXCHANGE") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-            _remove_stale_exchanges(place or tempfile.gettempdir())
+            place = os.environ.get("GPU_FORECASTERS_EXCHANGE") or in_memory()
+            _remove_stale_exchanges(place)
             _EXCHANGE = tempfile.mkdtemp(prefix=f"{EXCHANGE_PREFIX}{os.getpid()}-", dir=place)
             os.chmod(_EXCHANGE, 0o711)  # the sandbox's user passes through to its own folders
             atexit.register(_shutdown)
@@ -509,7 +516,7 @@ def _private_dir(prefix, owner_is_sandbox):
 
 
 _SETS_MADE = 0
-CORE_LOCKS = None  # the folder of the per-core lock files; None: /dev/shm, else the temporary folder
+CORE_LOCKS = None  # the folder of the per-core lock files; None: in_memory()
 
 
 def claim_core(cores, first):
@@ -517,7 +524,7 @@ def claim_core(cores, first):
     down, starting `first` places in, that no other worker set on this machine holds. A set holds
     its core with an flock on a file named after it, which the kernel releases when the set closes
     it or its process ends, however it ends. Every core held: `first`'s, shared."""
-    place = CORE_LOCKS or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    place = CORE_LOCKS or in_memory()
     for k in range(len(cores)):
         core = cores[-1 - (first + k) % len(cores)]
         try:  # read-only is enough for flock, so any user may take a core another user's file names
@@ -534,16 +541,11 @@ def claim_core(cores, first):
 
 def pin(worker, cores):
     """Every thread of the worker's tree onto `cores` (threads it starts later inherit it)."""
-    for pid in worker.tree():
+    for tid in threads(worker.tree()):
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            os.sched_setaffinity(tid, cores)
         except OSError:
-            continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(int(tid), cores)
-            except OSError:
-                pass
+            pass
 
 
 class WorkerSet:

@@ -92,10 +92,10 @@ def idle_priority(on=True):
     torch takes seconds of CPU) so that it does not slow the measurement in progress, whose
     reference worker makes the next inputs on the same core. Where the kernel groups processes by
     session (autogroup), a policy counts only within the group: the worker lowers its own group
-    as it starts (measure_worker.IDLE_ENV). wake_up undoes both when the spare is taken. Only
-    where this process may undo idle priority (root, or CAP_SYS_NICE): elsewhere an idle worker
-    could starve on a busy machine, so spares boot at normal priority."""
-    if not on or not can_undo_idle():
+    as it starts (measure_worker.IDLE_ENV). wake_up undoes both when the spare is taken, so ask
+    for it only where this process may (can_undo_idle): elsewhere an idle worker could starve on
+    a busy machine."""
+    if not on:
         yield
         return
     policy, param = os.sched_getscheduler(0), os.sched_getparam(0)  # pid 0: this thread
@@ -110,7 +110,8 @@ _UNDO_IDLE = []
 
 
 def can_undo_idle():
-    """Whether this process may take a thread out of idle priority, tried once in a thread of its own."""
+    """Whether this process may take a thread out of idle priority (root, or CAP_SYS_NICE), tried
+    once in a thread of its own."""
     if not _UNDO_IDLE:
         def attempt():
             try:
@@ -125,6 +126,16 @@ def can_undo_idle():
     return _UNDO_IDLE[0]
 
 
+def threads(pids):
+    """The thread ids of these processes, as they are now (one that ended is left out)."""
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        yield from map(int, tids)
+
+
 def wake_up(pids):
     """These processes back to normal priority (idle_priority): each one's session group, and
     every thread, again until none is left idle (a thread started by one not yet woken inherits
@@ -136,18 +147,13 @@ def wake_up(pids):
             pass  # it ended, or the kernel has no autogroups
     for _ in range(5):
         left = 0
-        for pid in pids:
+        for tid in threads(pids):
             try:
-                tids = os.listdir(f"/proc/{pid}/task")
+                if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    left += 1
             except OSError:
-                continue
-            for tid in map(int, tids):
-                try:
-                    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                        left += 1
-                except OSError:
-                    pass  # it ended
+                pass  # it ended
         if not left:
             return
 
