@@ -42,8 +42,9 @@ The measurement, one candidate:
    to its fingerprint, which follows a device synchronisation. Both sides of a comparison run on
    one CPU core. The reference's time per call is the lower quartile of its own (trusted) timer
    (on CPU the twin's);
-   the candidate's is that plus the median over pairs of its window less the reference's, in
-   which the harness's share of a window and the machine's drift cancel. On CPU, the CPU time the
+   the candidate's is that plus the median over pairs of its window less the reference's (per
+   order within the pair, averaged), in which the harness's share of a window, the machine's
+   drift and the warmth the first side leaves the second cancel. On CPU, the CPU time the
    candidate's sandbox used between its windows beyond what the reference's did is charged to
    it. Noise: a bootstrap over the pairs; a speedup within twice that of 1.0 says so.
 5. Plausibility. On a GPU, a time below the task's unavoidable memory traffic (`min_bytes`) at the
@@ -77,7 +78,7 @@ from harness.measure_worker import case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "3.4"  # 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
+HARNESS_VERSION = "3.5"  # 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -116,6 +117,9 @@ REPS = {  # (seconds per measurement and side, shared by its timed cases; min, m
     ("cuda", False): (2.0, 8, 80), ("cuda", True): (0.5, 5, 10),
     ("cpu", False): (0.7, 3, 80), ("cpu", True): (0.05, 2, 6),
 }
+# The candidate's difference is a median per order within the pairs (case_times) once each order
+# has this many pairs.
+MIN_PER_ORDER = 10
 # A case whose noise (the standard error of its log speedup) is still above NOISE_TARGET when its
 # budget is spent is timed on, up to STRETCH times its budget (not with --quick): a kernel equal to
 # its reference should come out within 5% of 1.0, three standard errors, on a quiet machine.
@@ -411,7 +415,7 @@ class _Session:
     def pair(self, case, n, cand_first, verify, per_window=1, ahead=False):
         """Run n calls on fresh inputs on both sides; verify one call of the candidate's, picked
         after it committed to all of them (always when `verify`, else with VERIFY_SHARE). Returns
-        the trusted side's figures only: dict(ref_ms, ref_win, cand_win), lists of one figure per
+        the trusted side's figures only: dict(ref_ms, ref_win, cand_win, cand_first), lists of one figure per
         window of the parent's clock (on a GPU one window per block, the block's sum; on CPU
         blocks of several windows of `per_window` calls, see calls)."""
         if self.device == "cpu":
@@ -431,7 +435,7 @@ class _Session:
         self.check_spec(case, ref_commit["spec"], commit, n)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
             self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
-        return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win])
+        return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win], cand_first=[bool(cand_first)])
 
     def _prepare(self, case, n):
         """A block of n calls: the reference worker makes and writes its inputs (_ref_later)."""
@@ -452,7 +456,8 @@ class _Session:
         appear to the candidate only as the window starts, and its reply carries the fingerprint
         of every call's outputs, so no work can be done in another window. Then one call, picked
         now, is checked in full (always when `verify`, else with VERIFY_SHARE). Returns
-        dict(ref_ms, ref_win, cand_win), per window (ref_ms: the reference's compute in it)."""
+        dict(ref_ms, ref_win, cand_win, cand_first), per window (ref_ms: the reference's compute in
+        it; cand_first: whether the candidate's window ran first)."""
         block, self.ahead = self.ahead, None
         if block is None or block["case"] != case or len(block["paths"]) != n:
             block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
@@ -460,6 +465,7 @@ class _Session:
         self.block_id = bid
         shown = [os.path.join(self.dirs["shown"], x) for x in names]
         ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
+        cand_first = []  # per window: which side ran first (case_times)
         checked = None
         try:
             if "layouts" not in block:
@@ -470,7 +476,9 @@ class _Session:
             for j in range(0, n, per_window):
                 calls = range(j, min(n, j + per_window))
                 cmd = {"id": bid, "op": "call", "case": case, "index": j}
-                for side in (("cand", "ref") if secrets.randbits(1) else ("ref", "cand")):
+                order = ("cand", "ref") if secrets.randbits(1) else ("ref", "cand")
+                cand_first.append(order[0] == "cand")
+                for side in order:
                     if side == "ref":  # the twin, on the trusted side's own files
                         inputs = [{"path": os.path.join(self.timed_ref.inputs_at, names[i]), "layout": layouts[i]} for i in calls]
                         reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
@@ -512,7 +520,7 @@ class _Session:
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):
             self._saw_call(case, "cand", (cw - (rw - r)) / per_window)
-        return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win)
+        return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win, cand_first=cand_first)
 
     def _saw_call(self, case, side, ms):
         """One side's time per call as the parent sees it; the least seen (the first calls compile
@@ -761,7 +769,7 @@ class _Session:
         # CPU: what the candidate's sandbox used between its commands, beyond what the reference's
         # did between its own (each side waits alike for its next command), is work it hid.
         hidden = max(0.0, (self.outside_ms["cand"] - outside["cand"]) - (self.outside_ms["ref"] - outside["ref"]))
-        windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win")}
+        windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win", "cand_first")}
         return case_times(windows, k, hidden, case_str(case))
 
     def window_size(self, case):
@@ -823,15 +831,29 @@ def case_times(windows, k, hidden_ms, where):
     of its window less the reference's: the harness's share of a window (inputs, fingerprints,
     pipes: the same code on both sides) cancels within each pair, and so does the machine's
     drift, which on a shared CPU moves a window's cost by tens of percent over a few seconds.
+    The side that runs second in a pair finds the inputs in the core's caches, which the first
+    side brought there (on CPU fp8_quant's second side was about 5% faster): the order is drawn
+    at random, so this only widens the spread of the differences, into two humps. So the
+    candidate's difference is the mean of its medians over the two orders, where the order's
+    share cancels (`cand_first`, per pair).
     The hidden CPU time is added whole, spread over the candidate's calls. The noise of the
     speedup is the standard error of its log, from a bootstrap over the pairs."""
     ref_win, cand_win, compute = windows["ref_win"], windows["cand_win"], windows["ref_ms"]
     m = len(ref_win)
     diff = [c - r for c, r in zip(cand_win, ref_win)]
+    first = windows.get("cand_first") or [False] * m
+    # With few pairs per order, a median of each would let one stall move it: one median then.
+    split = min(sum(first), m - sum(first)) >= MIN_PER_ORDER
+
+    def median_over_orders(picks):
+        by_order = [[diff[i] for i in picks if first[i]], [diff[i] for i in picks if not first[i]]]
+        if not (split and all(by_order)):
+            return _quantile([diff[i] for i in picks], 0.5)
+        return sum(_quantile(d, 0.5) for d in by_order) / 2
 
     def estimate(picks):
         r = max(_quantile([compute[i] for i in picks], QUANTILE), 1e-6)
-        c = r + _quantile([diff[i] for i in picks], 0.5) + hidden_ms / m
+        c = r + median_over_orders(picks) + hidden_ms / m
         return r / k, max(c, 0.02 * r) / k
 
     reference_ms, candidate_ms = estimate(range(m))
