@@ -16,7 +16,8 @@ from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence
                            (same role, sandbox, limits, address layout, hash seed, input paths),
                            that loads the reference and gets the candidate's commands. Its windows
                            are the reference's side: a process's speed follows its history and its
-                           start, and the twin's are the candidate's.
+                           start, and the twin's are the candidate's (both allocate with jemalloc:
+                           under glibc the allocation history alone set a process's speed).
   candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
                            own cgroup): loads the candidate, runs it on the same inputs, hands
                            bytes over when asked. Its own timer is never read.
@@ -73,12 +74,12 @@ from pathlib import Path
 
 from data.records import cache_dir, write_atomic
 from harness.measure_channel import WorkerFailed, new_token, pin, printable, workers
-from harness.measure_sandbox import require_sandbox
+from harness.measure_sandbox import jemalloc, require_sandbox
 from harness.measure_worker import case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "3.5"  # 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
+HARNESS_VERSION = "3.6"  # 3.6: on CPU the workers allocate with jemalloc (under glibc a process's speed followed its allocation history); 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -251,7 +252,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     base = dict(task=task, device=device_name, scale=scale, baseline=baseline, source_sha256=sha, sandbox=sandbox,
                 timer=("parent clock: wall time of each block, paired with the reference's (GPU)" if device == "cuda" else
                        "parent clock: CPU time of each sandbox per window, paired with the reference's "
-                       "(Triton interpreter; not GPU times)"))
+                       f"(Triton interpreter; not GPU times; allocator: {'jemalloc' if jemalloc() else 'glibc'})"))
 
     reason = screen_source(source)
     if reason:

@@ -255,7 +255,28 @@ def worker_env(device, tmp):
                MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: the worker has no GPU
+        if jemalloc():
+            env.update(LD_PRELOAD=jemalloc(), MALLOC_CONF=JEMALLOC_CONF)
     return env
+
+
+# On CPU the timed workers allocate with jemalloc where the machine has it (Debian/Ubuntu:
+# libjemalloc2). Under glibc, where a freed 256 KB tensor comes back from depends on everything the
+# process allocated before, so two processes running the same code on the same inputs could differ
+# by 20% for their whole lives: the candidate's and its twin's windows then disagreed in an A/A
+# test (docs/MEASUREMENT.md, "fp8_quant's process modes"). jemalloc's thread cache hands back the
+# block freed last, whatever came before, as a GPU's caching allocator does. Its cache takes blocks
+# up to 4 MB, and freed memory is kept (no decay), so that no page fault lands in a window.
+JEMALLOC_CONF = "tcache_max:4194304,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+JEMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+def jemalloc():
+    """jemalloc's path under /usr (which every sandbox binds), or None: then glibc, and an A/A
+    spread that bench_measure.py --aa shows. GPU_FORECASTERS_NO_JEMALLOC=1 keeps glibc."""
+    if os.environ.get("GPU_FORECASTERS_NO_JEMALLOC") == "1":
+        return None
+    return next((p for d in JEMALLOC_DIRS if os.path.isfile(p := os.path.join(d, "libjemalloc.so.2"))), None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -158,6 +158,37 @@ def test_the_candidate_and_its_twin_start_without_address_randomisation_the_refe
     assert not int(open("/proc/self/personality").read(), 16) & measure_sandbox.ADDR_NO_RANDOMIZE
 
 
+def test_the_timed_workers_on_cpu_allocate_with_jemalloc(monkeypatch):
+    """On CPU every worker's process allocates with jemalloc (measure_sandbox.jemalloc: under glibc
+    a process's speed followed its allocation history), through bubblewrap as without it; a GPU
+    worker keeps glibc, and so does every worker with GPU_FORECASTERS_NO_JEMALLOC=1."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from harness import measure_sandbox
+    if measure_sandbox.jemalloc() is None:
+        pytest.skip("libjemalloc2 is not installed (README: the apt-get line)")
+    show = [sys.executable, "-S", "-c", "print(any('libjemalloc' in l for l in open('/proc/self/maps')))"]
+    plans = [None] + ([measure_sandbox.require_sandbox()] if not measure_sandbox.sandbox_plan().problem else [])
+
+    def loaded(device, plan):
+        env = measure_sandbox.worker_env(device, "/tmp")
+        box = measure_sandbox.Sandbox.start(show, "cpu", plan, memory_bytes=float("inf"), env=env,
+                                            stderr=subprocess.DEVNULL)
+        out = box.popen.stdout.read().decode().strip()
+        box.popen.wait()
+        box.close()
+        return out == "True"
+
+    for plan in plans:
+        assert loaded("cpu", plan), plan
+    assert not loaded("cuda", None)
+    monkeypatch.setenv("GPU_FORECASTERS_NO_JEMALLOC", "1")
+    assert not loaded("cpu", plans[-1])
+
+
 def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkeypatch):
     """What a plan of the GPU's memory reads (Measurement.reference_peak_gb) is the reference's own
     need: the allocator's peak less the timer's L2 flush buffer, held by every worker alike."""
