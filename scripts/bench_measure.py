@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import measure  # noqa: E402
+from harness.measure_sandbox import jemalloc  # noqa: E402
 from runtime.measure_pool import MeasurePool, pool_devices  # noqa: E402
 from tasks import TASK_NAMES, seed_path, variant_paths  # noqa: E402
 
@@ -72,6 +73,9 @@ def main():
         return 2
     print(f"# measure.py on {platform.node()} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}")
+    if args.device != "cuda":  # what a CPU figure's scatter depends on (docs/MEASUREMENT.md, The clock)
+        print("# CPU workers allocate with " + ("jemalloc" if jemalloc() else
+              "glibc: libjemalloc2 not found (or GPU_FORECASTERS_NO_JEMALLOC=1), CPU figures scatter more"))
     if args.workers:
         return scaling(tasks[0], args)
     if args.aa:
