@@ -260,11 +260,11 @@ def worker_env(device, tmp):
     return env
 
 
-# On CPU the timed workers allocate with jemalloc where the machine has it (Debian/Ubuntu:
+# On CPU every worker allocates with jemalloc where the machine has it (Debian/Ubuntu:
 # libjemalloc2). Under glibc, where a freed 256 KB tensor comes back from depends on everything the
 # process allocated before, so two processes running the same code on the same inputs could differ
-# by 20% for their whole lives: the candidate's and its twin's windows then disagreed in an A/A
-# test (docs/MEASUREMENT.md, "fp8_quant's process modes"). jemalloc's thread cache hands back the
+# by up to 25% for their whole lives: the candidate's and its twin's windows then disagreed in an
+# A/A test (docs/MEASUREMENT.md, The clock and the A/A check). jemalloc's thread cache hands back the
 # block freed last, whatever came before, as a GPU's caching allocator does. Its cache takes blocks
 # up to 4 MB, and freed memory is kept (no decay), so that no page fault lands in a window.
 JEMALLOC_CONF = "tcache_max:4194304,dirty_decay_ms:-1,muzzy_decay_ms:-1"
