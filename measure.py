@@ -31,7 +31,8 @@ The measurement, one candidate:
 3. Timing, case by case, in windows of a few calls on fresh inputs, the reference's window and
    the candidate's on the same inputs one after the other, in a random order. The inputs are the
    trusted side's: on CPU the reference worker writes each call's to a file that the candidate
-   maps read-only, linked where it can see it only as its window starts; on a GPU the candidate
+   maps read-only, linked where it can see it only as its window starts (the twin's likewise, in
+   a folder of its own); on a GPU the candidate
    makes them from seeds it learns as its block starts. Before a window's reply leaves, the
    candidate fingerprints every call's outputs (on a GPU with numbers drawn after the calls
    returned), and afterwards the parent picks a call whose bytes the reference worker checks
@@ -465,6 +466,7 @@ class _Session:
         bid, names, paths = block["id"], block["names"], block["paths"]
         self.block_id = bid
         shown = [os.path.join(self.dirs["shown"], x) for x in names]
+        twin_shown = [os.path.join(self.dirs["twin_shown"], x) for x in names]
         ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
         cand_first = []  # per window: which side ran first (case_times)
         checked = None
@@ -480,9 +482,13 @@ class _Session:
                 order = ("cand", "ref") if secrets.randbits(1) else ("ref", "cand")
                 cand_first.append(order[0] == "cand")
                 for side in order:
-                    if side == "ref":  # the twin, on the trusted side's own files
+                    if side == "ref":  # the twin, on the same files, shown to it the candidate's way
+                        for i in calls:
+                            os.link(paths[i], twin_shown[i])
                         inputs = [{"path": os.path.join(self.timed_ref.inputs_at, names[i]), "layout": layouts[i]} for i in calls]
                         reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
+                        for i in calls:
+                            _unlink(twin_shown[i])
                         if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
                             raise HarnessError("the reference worker's reply lacks its times")
                         ref_ms.append(sum(reply["ms"]))
@@ -516,7 +522,7 @@ class _Session:
             for i, p in enumerate(paths):
                 if i != checked:  # the picked call's file goes once its check has run (verify)
                     _unlink(p)
-            for p in shown:
+            for p in shown + twin_shown:
                 _unlink(p)
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):

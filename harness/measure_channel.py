@@ -550,11 +550,11 @@ def pin(worker, cores):
 
 class WorkerSet:
     """The workers of one thread on one device. `visible` is the CUDA_VISIBLE_DEVICES its workers
-    get (one GPU, so that it is their cuda:0); None leaves the variable out. Three folders link it
+    get (one GPU, so that it is their cuda:0); None leaves the variable out. Four folders link it
     to its workers: `inputs` (the reference worker writes each block's inputs there), `shown`
-    (the parent links a block's inputs there when the candidate's block starts; the candidate
-    sees only this one, read-only) and `handover` (the candidate's output bytes, for the
-    reference worker to check)."""
+    (the parent links a window's inputs there as the candidate's window starts; the candidate
+    sees only this one, read-only), `twin_shown` (the same for the twin, on CPU) and `handover`
+    (the candidate's output bytes, for the reference worker to check)."""
 
     def __init__(self, visible):
         self.visible = visible
@@ -577,7 +577,7 @@ class WorkerSet:
         drop = plan is not None and plan.drop_uid
         if self.dirs is None:
             self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
-                         "handover": _private_dir("handover-", False)}
+                         "twin_shown": _private_dir("shown-", False), "handover": _private_dir("handover-", False)}
         elif drop and os.stat(self.dirs["inputs"]).st_uid != SANDBOX_UID:
             # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread: a sandboxed
             # reference worker runs as the sandbox's uid and writes the inputs there
@@ -620,8 +620,8 @@ class WorkerSet:
 
         The twin (CPU, measure.py) is the reference's side of every timed pair. It is a candidate
         worker in all but two things: it is trusted (it loads the reference, never a candidate),
-        and it sees the trusted side's input folder where the candidate sees the folder its inputs
-        appear in (same path inside either sandbox). A process runs the same code a few percent
+        and its inputs are linked into a folder of its own, which its sandbox shows where the
+        candidate's shows the candidate's (same path inside either sandbox). A process runs the same code a few percent
         faster or slower depending on its history and its start (measured: the reference worker,
         which writes every block's inputs and checks outputs, ran the reference's own calls 5 to
         10% faster than a candidate worker; a twin kept from one measurement to the next drifted
@@ -662,11 +662,13 @@ class WorkerSet:
                              binds_ro=[d["shown"]], hash_seed=seed, idle=idle)
         if device != "cpu":
             return cand, None
-        # Inside its sandbox the twin finds the trusted inputs where the candidate finds its own
-        # (the same path strings in both processes); unsandboxed it reads them where they are.
+        # The twin's inputs appear as the candidate's do, linked into a folder as its window starts
+        # (a file looked up in the folder the reference worker writes took the twin 2.6 µs more a
+        # window): a folder of its own, which its sandbox shows where the candidate's shows the
+        # candidate's, so the path strings are the same in both processes.
         twin = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[(d["inputs"], d["shown"])], trusted=True, hash_seed=seed, idle=idle)
-        twin.inputs_at = d["shown"] if plan is not None else d["inputs"]
+                             binds_ro=[(d["twin_shown"], d["shown"])], trusted=True, hash_seed=seed, idle=idle)
+        twin.inputs_at = d["shown"] if plan is not None else d["twin_shown"]
         return cand, twin
 
     def close(self):
