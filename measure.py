@@ -465,8 +465,6 @@ class _Session:
             block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
         bid, names, paths = block["id"], block["names"], block["paths"]
         self.block_id = bid
-        shown = [os.path.join(self.dirs["shown"], x) for x in names]
-        twin_shown = [os.path.join(self.dirs["twin_shown"], x) for x in names]
         ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
         cand_first = []  # per window: which side ran first (case_times)
         checked = None
@@ -482,13 +480,8 @@ class _Session:
                 order = ("cand", "ref") if secrets.randbits(1) else ("ref", "cand")
                 cand_first.append(order[0] == "cand")
                 for side in order:
-                    if side == "ref":  # the twin, on the same files, shown to it the candidate's way
-                        for i in calls:
-                            os.link(paths[i], twin_shown[i])
-                        inputs = [{"path": os.path.join(self.timed_ref.inputs_at, names[i]), "layout": layouts[i]} for i in calls]
-                        reply, window = self._timed("ref", {**cmd, "inputs": inputs}, "called")
-                        for i in calls:
-                            _unlink(twin_shown[i])
+                    reply, window = self._window(side, cmd, [(paths[i], names[i], layouts[i]) for i in calls])
+                    if side == "ref":  # the twin
                         if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
                             raise HarnessError("the reference worker's reply lacks its times")
                         ref_ms.append(sum(reply["ms"]))
@@ -498,12 +491,6 @@ class _Session:
                         for r in reply["ms"]:
                             self._saw_call(case, "ref", r)
                     else:
-                        for i in calls:  # the window's inputs appear to the candidate as it starts
-                            os.link(paths[i], shown[i])
-                        inputs = [{"path": shown[i], "layout": layouts[i]} for i in calls]
-                        reply, window = self._timed("cand", {**cmd, "inputs": inputs}, "called")
-                        for i in calls:
-                            _unlink(shown[i])
                         if reply["id"] != bid or reply["index"] != j or len(reply["specs"]) != len(calls) or \
                                 (reply["out_digests"] is not None and len(reply["out_digests"]) != len(calls)):
                             raise _Outcome("rejected", "the worker broke the measurement protocol (call ids)")
@@ -522,12 +509,28 @@ class _Session:
             for i, p in enumerate(paths):
                 if i != checked:  # the picked call's file goes once its check has run (verify)
                     _unlink(p)
-            for p in shown + twin_shown:
-                _unlink(p)
         self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
         for r, rw, cw in zip(ref_ms, ref_win, cand_win):
             self._saw_call(case, "cand", (cw - (rw - r)) / per_window)
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win, cand_first=cand_first)
+
+    def _window(self, side, cmd, files):
+        """CPU: one side's window on `files` (path, name, layout per call). Each call's input file
+        is linked into the side's own folder as the window starts and removed once it replied:
+        the candidate never sees a window's inputs before its clock runs, and the twin looks its
+        files up exactly as the candidate does (a lookup in the folder the reference worker writes
+        cost the twin 2.6 µs more a window). Returns (reply, window ms), as _timed."""
+        folder, seen_at = ((self.dirs["twin_shown"], self.timed_ref.inputs_at) if side == "ref" else
+                           (self.dirs["shown"], self.dirs["shown"]))
+        links = [os.path.join(folder, name) for _, name, _ in files]
+        try:
+            for (path, _, _), link in zip(files, links):
+                os.link(path, link)
+            inputs = [{"path": os.path.join(seen_at, name), "layout": layout} for _, name, layout in files]
+            return self._timed(side, {**cmd, "inputs": inputs}, "called")
+        finally:
+            for link in links:
+                _unlink(link)
 
     def _saw_call(self, case, side, ms):
         """One side's time per call as the parent sees it; the least seen (the first calls compile

@@ -621,12 +621,13 @@ class WorkerSet:
         The twin (CPU, measure.py) is the reference's side of every timed pair. It is a candidate
         worker in all but two things: it is trusted (it loads the reference, never a candidate),
         and its inputs are linked into a folder of its own, which its sandbox shows where the
-        candidate's shows the candidate's (same path inside either sandbox). A process runs the same code a few percent
-        faster or slower depending on its history and its start (measured: the reference worker,
-        which writes every block's inputs and checks outputs, ran the reference's own calls 5 to
-        10% faster than a candidate worker; a twin kept from one measurement to the next drifted
-        from fresh candidates; two fresh processes differ by 2 to 12% for the same calls, mostly by
-        their hash seed), so each measurement gets a fresh pair, born together: the same way, on
+        candidate's shows the candidate's (same path inside either sandbox). A process runs the
+        same code a few percent faster or slower depending on its history and its start (measured:
+        the reference worker, which writes every block's inputs and checks outputs, ran the
+        reference's own calls 5 to 10% faster than a candidate worker; a twin kept from one
+        measurement to the next drifted from fresh candidates; two fresh processes differ by 2 to
+        12% for the same calls, mostly by their hash seed), so each measurement gets a fresh pair,
+        born together: the same way, on
         the same core, with one address layout and one hash seed (common random numbers: what
         would make one side slower makes the other as slow)."""
         kind = (task, device, sandboxed, memory_bytes)

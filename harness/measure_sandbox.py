@@ -255,8 +255,9 @@ def worker_env(device, tmp):
                MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(1 << 40))
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: the worker has no GPU
-        if jemalloc():
-            env.update(LD_PRELOAD=jemalloc(), MALLOC_CONF=JEMALLOC_CONF)
+        preload = jemalloc()
+        if preload:
+            env.update(LD_PRELOAD=preload, MALLOC_CONF=JEMALLOC_CONF)
     return env
 
 
