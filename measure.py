@@ -74,13 +74,13 @@ import time
 from pathlib import Path
 
 from data.records import cache_dir, write_atomic
-from harness.measure_channel import WorkerFailed, new_token, pin, printable, workers
+from harness.measure_channel import WorkerFailed, new_token, parse_where, pin, printable, workers
 from harness.measure_sandbox import jemalloc, require_sandbox
-from harness.measure_worker import case_str
+from harness.measure_worker import DTYPES, case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "3.6"  # 3.6: on CPU the workers allocate with jemalloc (under glibc a process's speed followed its allocation history); 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
+HARNESS_VERSION = "4.0"  # 4.0: on CPU every call is a window of its own, the timed workers frozen between windows, their outputs read by the parent from their frozen memory, inputs copied into a mapped arena just before each call (nothing of the harness left in a window to make cheaper); exact output dtypes and the 1-norm check; 3.6: on CPU the workers allocate with jemalloc (under glibc a process's speed followed its allocation history); 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
@@ -105,19 +105,21 @@ DTYPE_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torc
 VERIFY_SHARE = {"cuda": 0.25, "cpu": 1.0}
 # The reference's figure over a case's windows (see case_times): the lower quartile of its compute.
 QUANTILE = 0.25
-# A timed window holds enough calls that the compute in it (BLOCK_MS) stands well above the noise
-# of the parent's clock and of the harness's share of the window, within a memory budget for its
-# inputs and outputs. On a GPU a window is a block; on CPU a block holds WINDOWS_PER_BLOCK.
+# A block's calls: on a GPU a block is one window of calls whose compute (BLOCK_MS) stands well
+# above the noise of the parent's wall clock; on CPU each call is a window of its own on either
+# side, and a block is the calls whose outputs one full check covers. Within a memory budget for
+# their inputs (block_pairs).
 BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}
-BLOCK_MS = {"cuda": 20.0, "cpu": 1.5}
+BLOCK_MS = {"cuda": 20.0, "cpu": 6.0}
 BLOCK_CALLS = {"cuda": 100, "cpu": 8}
-WINDOWS_PER_BLOCK = 4
+# CPU: each case's inputs are copied, call by call, into one of this many slots of its arena.
+ARENA_SLOTS = 4
 # The physical floor's significance test (apply_floor): standard errors of log time.
 FLOOR_SIGMAS = 4.0
 WARM_S = {"cuda": 0.025, "cpu": 0.15}
 REPS = {  # (seconds per measurement and side, shared by its timed cases; min, max blocks per case), normal and --quick
     ("cuda", False): (2.0, 8, 80), ("cuda", True): (0.5, 5, 10),
-    ("cpu", False): (0.7, 3, 80), ("cpu", True): (0.05, 2, 6),
+    ("cpu", False): (0.7, 3, 600), ("cpu", True): (0.05, 2, 12),
 }
 # The candidate's difference is a median per order within the pairs (case_times) once each order
 # has this many pairs.
@@ -304,7 +306,10 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
     for attempt in (0, 1):
         # CPU: the reference's timed calls run in a twin, a fresh worker born with the candidate's
         # (measure_channel.WorkerSet.candidate_pair); the reference worker makes inputs and checks.
-        cand, twin = ws.candidate_pair(task, device, sandboxed, memory_bytes)  # they boot while the reference does
+        try:
+            cand, twin = ws.candidate_pair(task, device, sandboxed, memory_bytes)  # they boot while the reference does
+        except WorkerFailed as e:  # no candidate code has run: the harness's failure (or the set was closed)
+            raise HarnessError(f"the candidate's worker did not start: {e.message}") from None
         try:
             try:
                 ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
@@ -345,14 +350,15 @@ class _Session:
         self.timed_cases = cases["benchmark"] if scale == "benchmark" else cases["cpu"]
         self.check_cases = cases["check"] if scale == "benchmark" else cases["cpu_check"]
         self.min_bytes = dict(zip(map(case_str, cases["benchmark"]), ready["min_bytes"]))
+        # The output dtypes a task accepts besides the reference's (its original's checker casts).
+        self.allowed_dtypes = {f"torch.{d}" for d in ready.get("allowed_dtypes") or ()}
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.bandwidth = ready.get("copy_bandwidth")
         self.block_id, self.last_id, self.bytes_per_call, self.call_ms, self.ref_peak = 0, 0, {}, {}, 0
         # CPU: each side's clock at the end of its last command, and the CPU time it used between
-        # commands (while the other side ran, or between calls). An honest worker waiting for its
-        # next command uses next to none; the candidate's beyond the reference's is work it hid
-        # from its windows, and is charged to it (case_times).
+        # its commands. Both are frozen between their commands (they use none); whatever the
+        # candidate's sandbox used there beyond what the twin's did is charged to it (case_times).
         self.clock_end, self.outside_ms = {}, {"ref": 0.0, "cand": 0.0}
         self.verify_s = 0.0  # wall time of the full checks (verify), within the budget's time
         # CPU: the reference worker makes the next block's inputs and checks the last block's
@@ -361,22 +367,31 @@ class _Session:
         # to remove once it came). `ahead`: the next block, its inputs being made.
         self.ref_pending, self.ahead, self.inputs_made = [], None, []
         self.beside = beside  # it has a core of its own (_measure_once); else it works between blocks
+        # CPU: each case's arena (_arena) and the reference's outputs (shapes and dtypes, from the
+        # twin's checked windows) by case.
+        self.arenas, self.ref_specs = {}, {}
 
     def run(self, source):
         try:
-            self.cand.recv(time.monotonic() + 300, "ready")  # booting is the harness's time, not the candidate's
+            try:  # booting is the harness's time, and no candidate code has run yet: its failure is ours
+                self.cand.recv(time.monotonic() + 300, "ready")
+            except WorkerFailed as e:
+                raise HarnessError(f"the candidate's worker did not start: {e.message}; {self.cand.log_tail()}") from None
+            self.cand.freeze(time.monotonic() + 60)  # from now on it runs only inside its commands
             if self.timed_ref is not self.ref:
                 self._start_twin()
             self.deadline = time.monotonic() + self.timeout_s
-            self.cand.send({"op": "load", "source": source})
-            import_s = self.cand.recv(self.deadline, "loaded")["import_s"]
+            t0 = time.perf_counter()
+            self._command("cand", {"op": "load", "source": source}, "loaded")
+            import_s = time.perf_counter() - t0  # the parent's clock, not the candidate's word
             t1 = time.perf_counter()
-            # Seeds are drawn now, after the candidate was loaded.
+            # Seeds are drawn now, after the candidate was loaded. Every correctness call is
+            # checked in full.
             for case in self.timed_cases:
                 for _ in range(2):
-                    self.pair(case, 1, cand_first=secrets.randbits(1), verify=True)
+                    self.pair(case, 1, verify=True, timed=False)
             for case in self.check_cases:
-                self.pair(case, 1, cand_first=secrets.randbits(1), verify=True)
+                self.pair(case, 1, verify=True, timed=False)
             t2 = time.perf_counter()
             rows = [self.time_case(case) for case in self.timed_cases]
             self._ref_settle()
@@ -397,7 +412,7 @@ class _Session:
         within = abs(math.log(speedup)) <= 2 * noise
         flags = [f for r in rows for f in r["flags"]]
         if within:
-            flags.append(f"{speedup:.3f}x is within the measurement's noise of 1.0 (+-{2 * noise:.1%})")
+            flags.append(f"{speedup:.3f}x is within the measurement's noise of 1.0 (+-{2 * noise:.1%} at two standard errors)")
         return dict(status="ok", speedup=speedup, noise=noise, within_noise=within, cases=rows, flags=flags,
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
@@ -408,36 +423,47 @@ class _Session:
         """The twin has booted as the candidate did; it loads the reference (its failures are the harness's)."""
         try:
             self.timed_ref.recv(time.monotonic() + 300, "ready")
+            self.timed_ref.freeze(time.monotonic() + 60)
         except WorkerFailed as e:
             raise HarnessError(f"the reference's timing twin did not start: {e.message}; {self.timed_ref.log_tail()}") from None
-        self._ref_call({"op": "load", "reference": self.baseline}, "loaded", worker=self.timed_ref)
+        self._command("ref", {"op": "load", "reference": self.baseline}, "loaded")
 
-    # -- one pair of blocks: the same inputs on both sides, one call verified ----------------------
+    # -- a command to a side that runs only inside its commands ------------------------------------
 
-    def pair(self, case, n, cand_first, verify, per_window=1, ahead=False):
-        """Run n calls on fresh inputs on both sides; verify one call of the candidate's, picked
-        after it committed to all of them (always when `verify`, else with VERIFY_SHARE). Returns
-        the trusted side's figures only: dict(ref_ms, ref_win, cand_win, cand_first), lists of one figure per
-        window of the parent's clock (on a GPU one window per block, the block's sum; on CPU
-        blocks of several windows of `per_window` calls, see calls)."""
+    def _worker(self, side):
+        return self.timed_ref if side == "ref" else self.cand
+
+    def _command(self, side, cmd, op):
+        """An untimed command to the twin ("ref") or the candidate ("cand"), thawed for it and
+        frozen again once it replied. The CPU it uses counts as its time outside its windows
+        (_enter). The twin's failures are the harness's."""
+        w = self._worker(side)
+        try:
+            w.thaw()
+            w.send(cmd, self._deadline(side))
+            reply = w.recv(self._deadline(side), op)
+            w.freeze(self._deadline(side))
+            return reply
+        except WorkerFailed as e:
+            if side == "ref":
+                raise self._ref_failed(cmd, w, e) from None
+            raise
+
+    def _deadline(self, side):
+        return self.deadline if side == "cand" else time.monotonic() + 600
+
+    # -- one pair of windows: the same inputs on both sides, one call verified ---------------------
+
+    def pair(self, case, n, verify, timed=True, ahead=False):
+        """n calls on fresh inputs on both sides, each call a window of its own on either side,
+        the two windows of a call in a random order; one call of the candidate's verified in full,
+        picked after all n returned (always when `verify`, else with VERIFY_SHARE). `timed`: the
+        reference's own times are taken (the correctness calls are not timed). Returns the trusted
+        side's figures only: dict(ref_ms, ref_win, cand_win, cand_first), lists of one figure per
+        window pair (on a GPU one pair of blocks of n calls)."""
         if self.device == "cpu":
-            return self.calls(case, n, verify, per_window, ahead)
-        self.last_id += 1
-        self.block_id = self.last_id
-        seeds = [secrets.randbits(31) for _ in range(n)]
-        keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
-        out = {}
-        for side in (("cand", "ref") if cand_first else ("ref", "cand")):
-            out[side] = self.block(side, case, seeds, keys)
-        ref_ms, ref_win, ref_commit = out["ref"]
-        cand_win, commit = out["cand"]
-        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
-        self._saw_call(case, "ref", sum(ref_ms) / n)
-        self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
-        self.check_spec(case, ref_commit["spec"], commit, n)
-        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
-        return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win], cand_first=[bool(cand_first)])
+            return self.calls(case, n, verify, timed, ahead)
+        return self.gpu_pair(case, n, verify, timed)
 
     def _prepare(self, case, n):
         """A block of n calls: the reference worker makes and writes its inputs (_ref_later)."""
@@ -451,22 +477,23 @@ class _Session:
         self._ref_later(cmd, "prepared", then=lambda reply: block.update(layouts=reply["layouts"]))
         return block
 
-    def calls(self, case, n, verify, per_window=1, ahead=False):
-        """CPU: n calls on fresh inputs in windows of `per_window` calls, each window timed on its
-        own by the parent's clock (the CPU time of each side's sandbox from the window's command
-        to its reply), the two sides' windows interleaved in a random order. A window's inputs
-        appear to the candidate only as the window starts, and its reply carries the fingerprint
-        of every call's outputs, so no work can be done in another window. Then one call, picked
-        now, is checked in full (always when `verify`, else with VERIFY_SHARE). Returns
-        dict(ref_ms, ref_win, cand_win, cand_first), per window (ref_ms: the reference's compute in
-        it; cand_first: whether the candidate's window ran first)."""
+    def calls(self, case, n, verify, timed=True, ahead=False):
+        """CPU: n calls on fresh inputs, each call one window on either side (the twin's and the
+        candidate's, in a random order), each window timed by the parent's clock: the CPU time of
+        the side's sandbox from before it is thawed to after it is frozen again. A call's inputs
+        are copied into its case's arena only while both sides are frozen, just before its pair
+        of windows, and the parent reads each side's outputs from its frozen memory right after
+        its window: no call sees another call's inputs before its own outputs are fixed, and
+        nothing the candidate's process does outside its windows or says about its outputs
+        (but where they are) enters the verdict. Then one call, picked now, is checked in full
+        (always when `verify`, else with VERIFY_SHARE). Returns dict(ref_ms, ref_win, cand_win,
+        cand_first), per pair (ref_ms: the twin's own time of its call, when `timed`)."""
         block, self.ahead = self.ahead, None
         if block is None or block["case"] != case or len(block["paths"]) != n:
             block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
-        bid, names, paths = block["id"], block["names"], block["paths"]
+        bid, paths = block["id"], block["paths"]
         self.block_id = bid
-        ref_ms, ref_win, cand_win, ref_specs, cand_specs, digests = [], [], [], [], [], []
-        cand_first = []  # per window: which side ran first (case_times)
+        ref_ms, ref_win, cand_win, cand_first, outputs = [], [], [], [], []
         checked = None
         try:
             if "layouts" not in block:
@@ -474,106 +501,163 @@ class _Session:
             layouts = block["layouts"]
             if ahead and self.beside:  # the next block's inputs are made on the other core while this one is timed
                 self.ahead = self._prepare(case, n)
-            for j in range(0, n, per_window):
-                calls = range(j, min(n, j + per_window))
-                cmd = {"id": bid, "op": "call", "case": case, "index": j}
-                order = ("cand", "ref") if secrets.randbits(1) else ("ref", "cand")
+            for j in range(n):
+                arena = self._arena(case, layouts[j])
+                slot = secrets.randbelow(ARENA_SLOTS)
+                _copy_into(paths[j], arena["fd"], arena["bases"][slot], layouts[j]["size"])
+                # The twin's checked window first: its outputs are the reference's shapes and dtypes.
+                order = ("cand", "ref") if timed and secrets.randbits(1) else ("ref", "cand")
                 cand_first.append(order[0] == "cand")
                 for side in order:
-                    reply, window = self._window(side, cmd, [(paths[i], names[i], layouts[i]) for i in calls])
-                    if side == "ref":  # the twin
-                        if len(reply["ms"]) != len(calls) or len(reply["specs"]) != len(calls):
-                            raise HarnessError("the reference worker's reply lacks its times")
-                        ref_ms.append(sum(reply["ms"]))
-                        ref_win.append(window)
-                        ref_specs += reply["specs"]
-                        self.ref_bytes_per_call = reply["bytes_per_call"]
-                        for r in reply["ms"]:
-                            self._saw_call(case, "ref", r)
+                    if timed:
+                        where, ns, window = self._go(side, arena["index"], slot)
                     else:
-                        if reply["id"] != bid or reply["index"] != j or len(reply["specs"]) != len(calls) or \
-                                (reply["out_digests"] is not None and len(reply["out_digests"]) != len(calls)):
-                            raise _Outcome("rejected", "the worker broke the measurement protocol (call ids)")
+                        where, window = self._checked_window(side, case, arena["index"], slot)
+                        ns = None
+                    got = self._read_outputs(side, case, where)
+                    if side == "ref":
+                        ref_win.append(window)
+                        if ns is not None:
+                            ref_ms.append(ns / 1e6)
+                            self._saw_call(case, "ref", ns / 1e6)
+                    else:
                         cand_win.append(window)
-                        cand_specs += reply["specs"]
-                        digests += reply["out_digests"] or [None] * len(calls)
-            for i in range(n):
-                bad = None if digests[i] is not None else cand_specs[i]
-                self.check_spec(case, ref_specs[i], {"bad_spec": bad, "spec": cand_specs[i], "out_digests": [digests[i]]}, 1)
+                        outputs.append(got)
+                if timed:
+                    self._saw_call(case, "cand", cand_win[-1] - (ref_win[-1] - ref_ms[-1]))
             if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
                 j = secrets.randbelow(n)  # the reference worker runs this call on the same file to check it
-                self.verify(case, dict(a=0, b=0, index=j), ref_specs[j], {"out_digests": digests}, cand_specs[j],
-                            {"path": paths[j], "layout": layouts[j]})
+                self._check_later(case, j, outputs[j], {"path": paths[j], "layout": layouts[j]})
                 checked = j
         finally:
             for i, p in enumerate(paths):
-                if i != checked:  # the picked call's file goes once its check has run (verify)
+                if i != checked:  # the picked call's file goes once its check has run
                     _unlink(p)
-        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
-        for r, rw, cw in zip(ref_ms, ref_win, cand_win):
-            self._saw_call(case, "cand", (cw - (rw - r)) / per_window)
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win, cand_first=cand_first)
 
-    def _window(self, side, cmd, files):
-        """CPU: one side's window on `files` (path, name, layout per call). Each call's input file
-        is linked into the side's own folder as the window starts and removed once it replied:
-        the candidate never sees a window's inputs before its clock runs, and the twin looks its
-        files up exactly as the candidate does (a lookup in the folder the reference worker writes
-        cost the twin 2.6 µs more a window). Returns (reply, window ms), as _timed."""
-        folder, seen_at = ((self.dirs["twin_shown"], self.timed_ref.inputs_at) if side == "ref" else
-                           (self.dirs["shown"], self.dirs["shown"]))
-        links = [os.path.join(folder, name) for _, name, _ in files]
+    def _arena(self, case, layout):
+        """CPU: the case's arena, made (and mapped by both sides, setup) the first time the case
+        is seen, or again when a call's layout differs from the one its views were built for: a
+        file of ARENA_SLOTS slots in the folder both sandboxes see read-only, each slot at its
+        own random 64-byte offset of a page (where a call's inputs sit against its outputs'
+        addresses, their cache sets, varies from call to call instead of repeating)."""
+        key = case_str(case)
+        arena = self.arenas.get(key)
+        if arena is not None and arena["layout"] == layout:
+            return arena
+        index = len(self.arenas) if arena is None else arena["index"]
+        stride = -(-(layout["size"] + 4096) // 4096) * 4096
+        bases = [s * stride + 64 * secrets.randbelow(64) for s in range(ARENA_SLOTS)]
+        path = os.path.join(self.dirs["shown"], f"arena-{index}-{new_token()}.bin")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.ftruncate(fd, ARENA_SLOTS * stride)
+        if arena is not None:
+            os.close(arena["fd"])
+            _unlink(arena["path"])
+        arena = self.arenas[key] = dict(index=index, path=path, fd=fd, layout=layout, bases=bases)
+        self.inputs_made.append(path)
+        cmd = {"op": "setup", "case_index": index, "arena": path, "layout": layout, "bases": bases}
+        for side in ("ref", "cand"):
+            self._command(side, cmd, "set")
+        return arena
+
+    def _go(self, side, case_index, slot):
+        """CPU: one side's timed window on arena slot `slot`: (where its outputs are, the twin's
+        own time of its call in ns or None, the window's CPU ms)."""
+        w = self._worker(side)
+        c0 = self._enter(side)
         try:
-            for (path, _, _), link in zip(files, links):
-                os.link(path, link)
-            inputs = [{"path": os.path.join(seen_at, name), "layout": layout} for _, name, layout in files]
-            return self._timed(side, {**cmd, "inputs": inputs}, "called")
-        finally:
-            for link in links:
-                _unlink(link)
+            w.thaw()
+            w.send_raw(b"g%d,%d\n" % (case_index, slot), self._deadline(side))
+            where, ns = w.recv_where(self._deadline(side))
+            w.freeze(self._deadline(side))
+        except WorkerFailed as e:
+            if side == "ref":
+                raise self._ref_failed({"op": "go"}, w, e) from None
+            raise
+        if side == "ref" and ns is None:
+            raise HarnessError("the reference's timing twin did not report its call's time")
+        return where, ns, self._leave(side) - c0
+
+    def _checked_window(self, side, case, case_index, slot):
+        """CPU: one side's checked window (the correctness calls): the call, and a description of
+        its outputs compared with the reference's (the twin's is the reference's); returns
+        (where its outputs are, the window's CPU ms)."""
+        c0 = self._enter(side)
+        reply = self._command(side, {"op": "call", "case": case, "case_index": case_index, "slot": slot}, "called")
+        window = self._leave(side) - c0
+        key = case_str(case)
+        if side == "ref":
+            self.ref_specs[key] = reply["specs"]
+            self.bytes_per_call[key] = reply["bytes_per_call"]
+        else:
+            self.check_spec(case, self.ref_specs[key], reply["specs"])
+        if reply["where"] is None:
+            if side == "ref":
+                raise HarnessError("the reference's timing twin returned outputs that are not tensors")
+            raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(reply['specs'])}")
+        try:
+            where, _ = parse_where(reply["where"].encode())
+        except ValueError as e:
+            raise (HarnessError(str(e)) if side == "ref" else _Outcome("rejected", f"the worker broke the measurement protocol: {e}"))
+        return where, window
+
+    def _read_outputs(self, side, case, where):
+        """CPU: a side's outputs of its last window, read by the parent from its frozen process:
+        one bytes object per output, sized by the reference's shape and the output's dtype (the
+        reference's, or one the task allows). Nothing the worker says enters the verdict but where
+        the bytes are: a lie about that reads the wrong bytes, which the check rejects. The twin's
+        are read too, and dropped: so that both sides' memory is touched alike between windows."""
+        spec = self.ref_specs[case_str(case)]
+        where_ = case_str(case)
+        if len(where) != len(spec):
+            if side == "ref":
+                raise HarnessError("the reference's timing twin returned another number of outputs")
+            raise _Outcome("incorrect", f"{where_}: expected {len(spec)} output tensor(s), got {len(where)}")
+        got = []
+        for i, ((address, code), exp) in enumerate(zip(where, spec)):
+            dtype = "torch." + DTYPES[code] if 0 < code < len(DTYPES) else "another dtype"
+            if dtype != exp["dtype"] and dtype not in self.allowed_dtypes:
+                if side == "ref":
+                    raise HarnessError("the reference's timing twin returned another dtype")
+                raise _Outcome("incorrect", f"{where_}: output[{i}] dtype {dtype.removeprefix('torch.')}, "
+                                            f"expected {exp['dtype'].removeprefix('torch.')}")
+            data = self._worker(side).read_memory(address, math.prod(exp["shape"]) * DTYPE_BYTES[dtype])
+            if data is None:
+                if side == "ref":
+                    raise HarnessError("the parent could not read the reference's timing twin's outputs")
+                raise _Outcome("incorrect", f"{where_}: output[{i}]'s bytes are not in the worker's memory where "
+                                            "its reply said (an output must be a tensor of the reference's shape)")
+            got.append((dtype, data))
+        return got
 
     def _saw_call(self, case, side, ms):
-        """One side's time per call as the parent sees it; the least seen (the first calls compile
-        and warm up) sizes the timed windows (window_size)."""
+        """One side's time per call in the timed windows, as the parent's clock (the candidate)
+        or the twin's own (the reference) saw it; the least seen sizes the blocks (block_pairs)."""
         key = (case_str(case), side)
         self.call_ms[key] = min(max(ms, 1e-3), self.call_ms.get(key, math.inf))
 
-    def _timed(self, side, cmd, op):
-        """CPU: a command to one side and its reply, with the side's CPU time from the command to
-        the reply (its window); the CPU it used since its previous reply is added to its outside
-        time. Returns (reply, window ms)."""
-        c0 = self._enter(side)
-        if side == "ref":
-            reply = self._ref_call(cmd, op, worker=self.timed_ref)
-        else:
-            self.cand.send(cmd)
-            reply = self.cand.recv(self.deadline, op)
-        return reply, self._leave(side) - c0
-
     def _enter(self, side):
-        c0 = self._clock(self.timed_ref if side == "ref" else self.cand)
+        """A side's clock before its window (frozen): what it used since its last window is its
+        time outside its windows."""
+        c0 = self._clock(self._worker(side))
         if side in self.clock_end:
             self.outside_ms[side] += max(0.0, c0 - self.clock_end[side])
         return c0
 
     def _leave(self, side):
-        worker = self.timed_ref if side == "ref" else self.cand
-        worker.settle()
-        self.clock_end[side] = self._clock(worker)
+        self.clock_end[side] = self._clock(self._worker(side))
         return self.clock_end[side]
 
-    def _ref_call(self, cmd, op, deadline_s=600, worker=None):
-        """A command to a trusted worker (the reference worker, or its timing twin); its failures
-        are the harness's."""
-        worker = worker or self.ref
-        if worker is self.ref:
-            self._ref_settle()  # its replies come in order: those awaited first
-        self._ref_send(cmd, worker)
-        return self._ref_recv(cmd, op, deadline_s, worker)
+    def _ref_call(self, cmd, op, deadline_s=600):
+        """A command to the reference worker, answered now; its failures are the harness's."""
+        self._ref_settle()  # its replies come in order: those awaited first
+        self._ref_send(cmd, self.ref)
+        return self._ref_recv(cmd, op, deadline_s, self.ref)
 
     def _ref_send(self, cmd, worker):
         try:
-            worker.send(cmd)
+            worker.send(cmd, time.monotonic() + 600)
         except WorkerFailed as e:
             raise self._ref_failed(cmd, worker, e) from None
 
@@ -614,8 +698,8 @@ class _Session:
 
     def _drop_pending(self):
         """After a measurement, however it ended: no reply of the reference worker is left unread
-        (the next measurement talks to it), and no input file is left behind (once the replies
-        are in, no file is being written)."""
+        (the next measurement talks to it), and no input file or arena is left behind (once the
+        replies are in, no file is being written)."""
         for _, op, _, files in self.ref_pending:
             try:
                 if self.ref.alive():
@@ -625,13 +709,42 @@ class _Session:
             for path in files:
                 _unlink(path)
         self.ref_pending, self.ahead = [], None
+        for arena in self.arenas.values():
+            os.close(arena["fd"])
+        self.arenas = {}
         for path in self.inputs_made:
             _unlink(path)
+
+    # -- on a GPU: blocks of calls, each side's block timed by the parent's wall clock -------------
+
+    def gpu_pair(self, case, n, verify, timed):
+        """GPU: n calls on fresh inputs on both sides, the reference's block and the candidate's
+        in a random order, one call of the candidate's verified (always when `verify`)."""
+        self.last_id += 1
+        self.block_id = self.last_id
+        seeds = [secrets.randbits(31) for _ in range(n)]
+        keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
+        cand_first = secrets.randbits(1) if timed else 0
+        out = {}
+        for side in (("cand", "ref") if cand_first else ("ref", "cand")):
+            out[side] = self.block(side, case, seeds, keys)
+        ref_ms, ref_win, ref_commit = out["ref"]
+        cand_win, commit = out["cand"]
+        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
+        if timed:
+            self._saw_call(case, "ref", sum(ref_ms) / n)
+            self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
+        self.check_commit(case, ref_commit["spec"], commit, n)
+        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
+            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
+        return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win], cand_first=[bool(cand_first)])
 
     def block(self, side, case, seeds, keys):
         """GPU: one side's block and commitment, timed by the parent's wall clock from the command
         to the commitment (which follows a device synchronisation). The reference: (its per-call
-        ms, window ms, commitment). The candidate: (window ms, 0, commitment)."""
+        ms, window ms, commitment). The candidate: (window ms, commitment); its process is thawed
+        for its block and frozen again right after, so that none of it runs while the
+        reference's block is timed."""
         cmd = {"id": self.block_id, "op": "block", "case": case, "seeds": seeds}
         if side == "ref":
             c0 = self._clock(self.ref)
@@ -644,12 +757,14 @@ class _Session:
             self.ref_bytes_per_call = ran["bytes_per_call"]
             self.ref_peak = max(self.ref_peak, commit["peak_bytes"])
             return ms, window, commit
+        self.cand.thaw()
         c0 = self._clock(self.cand)
-        self.cand.send(cmd)  # a GPU candidate learns its seeds as its block starts
+        self.cand.send(cmd, self.deadline)  # a GPU candidate learns its seeds as its block starts
         ran = self.cand.recv(self.deadline, "ran")
-        self.cand.send({"id": self.block_id, "op": "commit", **keys})
+        self.cand.send({"id": self.block_id, "op": "commit", **keys}, self.deadline)
         commit = self.cand.recv(self.deadline, "committed")
         end = self._clock(self.cand)
+        self.cand.freeze(self.deadline)
         if ran["id"] != self.block_id or commit["id"] != self.block_id:
             raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
         return end - c0, commit
@@ -658,79 +773,91 @@ class _Session:
         """The parent's clock of a worker: on CPU its sandbox's CPU time, on a GPU the wall clock."""
         return worker.cpu_ms() if self.device == "cpu" else time.monotonic() * 1e3
 
-    def check_spec(self, case, ref_spec, commit, n):
+    # -- the checks ----------------------------------------------------------------------------
+
+    def check_spec(self, case, ref_spec, spec):
+        """A call's outputs as the candidate's worker described them (a checked window), against
+        the reference's: the count, and each a plain contiguous tensor of the reference's shape,
+        device and dtype (or a dtype the task allows: its original's checker casts)."""
         where = case_str(case)
-        if commit["bad_spec"] is not None:
-            raise _Outcome("incorrect", f"{where}: a call returned {_describe(commit['bad_spec'])}")
-        spec = commit["spec"]
+        bad = next((s for s in spec if not (s["plain"] and s.get("contiguous"))), None)
+        if bad is not None:
+            raise _Outcome("incorrect", f"{where}: a call returned {_describe(spec)}")
         if len(spec) != len(ref_spec):
             raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
         for i, (got, exp) in enumerate(zip(spec, ref_spec)):
             for field in ("shape", "device"):
                 if got[field] != exp[field]:
                     raise _Outcome("incorrect", f"{where}: output[{i}] {field} {got[field]}, expected {exp[field]}")
-            if got["dtype"] not in DTYPE_BYTES:
-                raise _Outcome("incorrect", f"{where}: output[{i}] dtype {got['dtype']}, expected {exp['dtype']}")
+            if got["dtype"] != exp["dtype"] and got["dtype"] not in self.allowed_dtypes:
+                allowed = sorted({exp["dtype"]} | self.allowed_dtypes)
+                raise _Outcome("incorrect", f"{where}: output[{i}] dtype {got['dtype'].removeprefix('torch.')}, expected "
+                                            + " or ".join(d.removeprefix("torch.") for d in allowed))
+
+    def check_commit(self, case, ref_spec, commit, n):
+        """GPU: a block's commitment, its outputs described, against the reference's."""
+        if commit["bad_spec"] is not None:
+            raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(commit['bad_spec'])}")
+        self.check_spec(case, ref_spec, commit["spec"])
         digests = commit["out_digests"]
         if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
             raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
 
-    def verify(self, case, pick, ref_spec, commit, cand_spec, ref_input=None):
-        """The candidate's picked outputs against the reference's: bytes, checked by the reference
-        worker with the fingerprint the candidate committed to. `cand_spec`: the picked call's
-        outputs as the candidate described them (check_spec passed them: known dtypes).
-        `ref_input` (CPU): the picked call's input file, on which the reference worker runs it."""
+    def _check_later(self, case, j, got, ref_input):
+        """CPU: the candidate's outputs of call j (read from its frozen memory: [(dtype, bytes)])
+        checked in full by the reference worker, which runs that call itself on the same input
+        file on the other core while the next block is timed; its verdict is read before that
+        block's inputs (_ref_settle), so a wrong answer still ends the measurement."""
         t0 = time.perf_counter()
-        try:
-            self._verify(case, pick, ref_spec, commit, cand_spec, ref_input)
-        finally:
-            self.verify_s += time.perf_counter() - t0
-
-    def _verify(self, case, pick, ref_spec, commit, cand_spec, ref_input):
-        where = case_str(case)
-        digests = commit["out_digests"]
-        dtypes = [c["dtype"] for c in cand_spec]
-        # Sizes from the trusted side's shapes and the candidate's dtype of each output.
-        n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
-        _room_for(self.dirs["handover"], n)
-        cpu = self.device == "cpu"
-        if self.timed_ref is not self.ref:
-            # The twin hands over its picked call too, unread: its history stays the candidate's
-            # (a handover copies the outputs and collects garbage: see WorkerSet.candidate_pair).
-            self._enter("ref")
-            got = self._ref_call({"id": self.block_id, "op": "handover", **pick}, "bytes", worker=self.timed_ref)
-            self.timed_ref.recv_bytes(got["n"], time.monotonic() + 600)
-            self._leave("ref")
-        if cpu:
-            self._enter("cand")  # a handover is a window of its own, not time outside (see _timed)
-        self.cand.send({"id": self.block_id, "op": "handover", **pick})
-        header = self.cand.recv(self.deadline, "bytes")
-        if header["id"] != self.block_id:
-            raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
-        if header["n"] != n:
-            raise _Outcome("incorrect", f"{where}: handed over {header['n']} bytes of output; the reference's take {n}")
+        payload = b"".join(data for _, data in got)
+        _room_for(self.dirs["handover"], len(payload))
         path = os.path.join(self.dirs["handover"], f"out-{self.block_id}-{new_token()}.bin")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
-            f.write(self.cand.recv_bytes(n, self.deadline))
-        if cpu:
-            self._leave("cand")
-        cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
-               "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
-        if ref_input is None:  # GPU: the reference worker holds the block's outputs; it checks now
-            try:
-                self._checked(self._ref_call(cmd, "checked"))
-            finally:
-                _unlink(path)
-            return
-        # CPU: it runs the picked call on the input file while the next block is timed; its verdict
-        # is read before that block's inputs (_ref_settle), so a wrong answer still ends the measurement.
-        cmd.update(input=ref_input, case=case)
+            f.write(payload)
+        cmd = {"id": self.block_id, "op": "check", "path": path, "index": j, "a": 0, "b": 0, "case": case,
+               "input": ref_input, "dtypes": [d for d, _ in got]}
         try:
             self._ref_later(cmd, "checked", then=self._checked, files=[path, ref_input["path"]])
         except HarnessError:
             _unlink(path)
             raise
+        finally:
+            self.verify_s += time.perf_counter() - t0
+
+    def verify(self, case, pick, ref_spec, commit, cand_spec):
+        """GPU: the candidate's picked outputs, handed over as bytes, against the reference's:
+        checked by the reference worker with the fingerprint the candidate committed to.
+        `cand_spec`: the picked call's outputs as the candidate described them (check_commit
+        passed them)."""
+        t0 = time.perf_counter()
+        try:
+            where = case_str(case)
+            digests = commit["out_digests"]
+            dtypes = [c["dtype"] for c in cand_spec]
+            # Sizes from the trusted side's shapes and the candidate's dtype of each output.
+            n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
+            _room_for(self.dirs["handover"], n)
+            self.cand.thaw()
+            self.cand.send({"id": self.block_id, "op": "handover", **pick}, self.deadline)
+            header = self.cand.recv(self.deadline, "bytes")
+            if header["id"] != self.block_id:
+                raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
+            if header["n"] != n:
+                raise _Outcome("incorrect", f"{where}: handed over {header['n']} bytes of output; the reference's take {n}")
+            path = os.path.join(self.dirs["handover"], f"out-{self.block_id}-{new_token()}.bin")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.cand.recv_bytes(n, self.deadline))
+            self.cand.freeze(self.deadline)
+            cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
+                   "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
+            try:
+                self._checked(self._ref_call(cmd, "checked"))
+            finally:
+                _unlink(path)
+        finally:
+            self.verify_s += time.perf_counter() - t0
 
     def _checked(self, verdict):
         self.ref_peak = max(self.ref_peak, verdict["peak_bytes"] or 0)
@@ -744,18 +871,15 @@ class _Session:
         # The verdict is the geometric mean over the cases: its noise is what the budget buys,
         # so the cases share it (a task with two CPU cases costs what a task with one does).
         budget /= len(self.timed_cases)
-        # Warm up, by time (a GPU's clocks and caches; on CPU a fresh candidate process grows its
-        # heap and its caches), then size the windows by what the warm-up saw.
+        # Warm up, by time (a GPU's clocks and caches; on CPU a fresh process grows its heap and
+        # its caches), at least one pair: the timed windows seen here, on both sides, size the
+        # blocks. Nothing of the correctness calls sizes anything (they are the candidate's to pad).
         warm_until = time.monotonic() + (0.0 if self.quick else WARM_S[self.device])
-        # A call that outlasts the warm-up (an interpreted Triton kernel takes seconds) was warmed
-        # up by this case's two correctness calls.
-        warmed = self.call_ms.get((case_str(case), "cand"), 0.0) >= 1e3 * WARM_S[self.device]
-        while not warmed:
-            k, n = self.window_size(case)
-            self.pair(case, n, cand_first=secrets.randbits(1), verify=False, per_window=k)
+        while True:
+            self.pair(case, self.block_pairs(case), verify=False)
             if time.monotonic() >= warm_until:
                 break
-        k, n = self.window_size(case)
+        n = self.block_pairs(case)
         outside = dict(self.outside_ms)
         blocks, start = [], time.monotonic()
         spent, check_at = 2 * budget, 2 * budget  # both sides' windows: twice the budget per side
@@ -765,41 +889,43 @@ class _Session:
                 if self.quick or elapsed >= STRETCH * spent:
                     break
                 if elapsed >= check_at:  # noisy still? (a noise figure takes milliseconds: not every block)
-                    if self._case_row(case, blocks, k, outside)["noise"] <= NOISE_TARGET:
+                    if self._case_row(case, blocks, outside, n)["noise"] <= NOISE_TARGET:
                         break
                     check_at = elapsed + 0.1 * spent
-            blocks.append(self.pair(case, n, cand_first=len(blocks) % 2, verify=False, per_window=k,
-                                    ahead=len(blocks) + 1 < max_blocks))
-        row = self._case_row(case, blocks, k, outside)
+            blocks.append(self.pair(case, n, verify=False, ahead=len(blocks) + 1 < max_blocks))
+        row = self._case_row(case, blocks, outside, n)
         row["case"] = case
         row["floor_ms"] = self.physical_floor(case, row)
         return row
 
-    def _case_row(self, case, blocks, k, outside):
-        # CPU: what the candidate's sandbox used between its commands, beyond what the reference's
-        # did between its own (each side waits alike for its next command), is work it hid.
+    def _case_row(self, case, blocks, outside, n):
+        # What the candidate's sandbox used between its windows, beyond what the twin's did
+        # between its own (both are frozen there: normally nothing), is work it hid: charged.
         hidden = max(0.0, (self.outside_ms["cand"] - outside["cand"]) - (self.outside_ms["ref"] - outside["ref"]))
         windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win", "cand_first")}
-        return case_times(windows, k, hidden, case_str(case))
+        return case_times(windows, 1 if self.device == "cpu" else n, hidden, case_str(case))
 
-    def window_size(self, case):
-        """(calls per window, calls per block). A window holds about BLOCK_MS of the reference's
-        compute, unless the candidate is much slower: then of its own, so that its windows stay
-        short; within a memory budget. On a GPU a window is a block; on CPU a block holds
-        WINDOWS_PER_BLOCK windows, fewer when they are long (one for a slow candidate)."""
+    def block_pairs(self, case):
+        """Calls per block. CPU: pairs of one-call windows per block (one of them checked in full
+        per block), as many as take about BLOCK_MS of the slower side's time, at most
+        BLOCK_CALLS, within a memory budget for their inputs. GPU: calls per block, as many as
+        take about BLOCK_MS of the reference's compute (of the candidate's when it is much slower,
+        so that its blocks stay short), at most BLOCK_CALLS; a much faster candidate still gets a
+        quarter of BLOCK_MS of its own compute per block, so that the harness's jitter (a tenth of
+        a millisecond or more per block on a GPU) stays small beside what it measures. Only the
+        timed windows' times count, seen by the parent's clock (the candidate's) or the twin's own
+        (the reference's): a candidate that pads its calls makes its blocks shorter, and more of
+        its calls checked."""
         per_call_bytes = max(1, self.bytes_per_call.get(case_str(case), 1))
         ref_call = self.call_ms.get((case_str(case), "ref"), 1.0)
         cand_call = self.call_ms.get((case_str(case), "cand"), ref_call)
-        call_ms = cand_call if cand_call > 3 * ref_call else ref_call
-        # A much faster candidate still gets a quarter of BLOCK_MS of its own compute per window
-        # (the reference's window grows to match): the harness's jitter, a tenth of a millisecond
-        # or more per window on a GPU, must stay small beside what it measures.
-        call_ms = min(call_ms, 4 * cand_call)
-        k = max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call_bytes,
-                       math.ceil(BLOCK_MS[self.device] / call_ms)))
-        if self.device != "cpu":
-            return k, k
-        return k, k * max(1, min(WINDOWS_PER_BLOCK, math.ceil(4 * BLOCK_MS["cpu"] / (k * call_ms))))
+        if self.device == "cpu":
+            call_ms = max(ref_call, cand_call)
+        else:
+            call_ms = cand_call if cand_call > 3 * ref_call else ref_call
+            call_ms = min(call_ms, 4 * cand_call)
+        return max(1, min(BLOCK_CALLS[self.device], BLOCK_BYTES[self.device] // per_call_bytes,
+                          math.ceil(BLOCK_MS[self.device] / call_ms)))
 
     def physical_floor(self, case, row):
         """On a GPU: no kernel moves the task's unavoidable bytes faster than the memory allows."""
@@ -810,6 +936,20 @@ class _Session:
         if floor_ms is not None:
             apply_floor(row, floor_ms, case_str(case), f"{min_bytes / 1e9:.2f} GB of unavoidable memory traffic")
         return floor_ms
+
+
+def _copy_into(path, fd, offset, size):
+    """CPU: a call's input file into an arena slot, by the kernel (the parent never reads it)."""
+    src = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < size:
+            n = os.copy_file_range(src, fd, size - done, done, offset + done)
+            if n <= 0:
+                raise HarnessError(f"an input file was shorter than its layout ({done} of {size} bytes)")
+            done += n
+    finally:
+        os.close(src)
 
 
 def apply_floor(row, floor_ms, where, why):

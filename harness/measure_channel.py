@@ -24,6 +24,7 @@ import glob
 import json
 import math
 import os
+import re
 import secrets
 import select
 import shutil
@@ -34,9 +35,9 @@ import threading
 import time
 import unicodedata
 
-from harness.measure_sandbox import (MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, can_undo_idle, sandbox_plan, threads,
-                                     wake_up, worker_env)
-from harness.measure_worker import IDLE_ENV
+from harness.measure_sandbox import (MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, after_join_filter, can_undo_idle,
+                                     sandbox_plan, threads, wait_until, wake_up, worker_env)
+from harness.measure_worker import IDLE_ENV, ISOLATE_ENV
 
 MAX_LINE = 1 << 20            # a reply line longer than 1 MB is not a reply
 MAX_LOG = 64 << 20            # more than 64 MB on stdout/stderr is a flood
@@ -87,23 +88,40 @@ TENSOR_SPEC = {"type": str, "plain": bool, "dtype": Opt(str), "shape": Opt([int]
 # no times, memory figures or verdicts: nothing the parent would read from them.
 CANDIDATE_REPLIES = {
     "ready": {"role": str, "pid": int},
-    "loaded": {"import_s": float},
+    "loaded": {},
+    "set": {},
     "ran": {"id": int},
-    "called": {"id": int, "index": int, "specs": [[TENSOR_SPEC]], "out_digests": Opt([[int]])},
+    "called": {"specs": [TENSOR_SPEC], "where": Opt(str)},
     "committed": {"id": int, "spec": [TENSOR_SPEC], "bad_spec": Opt([TENSOR_SPEC]), "out_digests": Opt([[int]])},
     "bytes": {"id": int, "n": int, "in_digest": Opt([int])},
     "error": {"error": str, "message": str},
 }
 REFERENCE_REPLIES = {
     **CANDIDATE_REPLIES,
-    "ready": {"role": str, "pid": int, "cases": Opt(Raw), "min_bytes": Opt([int]), "copy_bandwidth": Opt(float)},
+    "ready": {"role": str, "pid": int, "cases": Opt(Raw), "min_bytes": Opt([int]), "copy_bandwidth": Opt(float),
+              "allowed_dtypes": Opt([str])},
     "prepared": {"id": int, "layouts": Raw},
-    "called": {**CANDIDATE_REPLIES["called"], "ms": [float], "bytes_per_call": int},
+    "called": {**CANDIDATE_REPLIES["called"], "bytes_per_call": int},
     "ran": {"id": int, "ms": [float], "bytes_per_call": int},
     "committed": {**CANDIDATE_REPLIES["committed"], "peak_bytes": int},
-    "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "serialize_ms": float,
-                "peak_bytes": Opt(int)},
+    "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "peak_bytes": Opt(int)},
 }
+# A timed window's reply (measure_worker.Worker.go): where each output is, "<address>:<dtype
+# code>" in hex and decimal, comma-separated; the twin adds " <ns>", its call's wall time.
+WHERE = re.compile(rb"[0-9a-f]{1,16}:[0-9]{1,2}(?:,[0-9a-f]{1,16}:[0-9]{1,2}){0,63}")
+TIMED_NS = re.compile(rb" ([0-9]{1,15})")
+
+
+def parse_where(text, trusted=False):
+    """A timed reply (bytes, without its newline) as ([(address, dtype code)], the twin's ns or
+    None), or a ProtocolError. Only a trusted worker's reply may carry a time."""
+    m = WHERE.match(text)
+    rest = text[m.end():] if m else b""
+    t = TIMED_NS.fullmatch(rest) if rest else None
+    if m is None or (rest and (t is None or not trusted)):
+        raise ProtocolError(f"a malformed timed reply: {printable(text[:80].decode('utf-8', 'replace'))}")
+    outs = [(int(a, 16), int(c)) for a, c in (x.split(b":") for x in m.group(0).split(b","))]
+    return outs, (int(t.group(1)) if t else None)
 
 
 class ProtocolError(ValueError):
@@ -205,26 +223,52 @@ class WorkerProcess:
         idle = idle and can_undo_idle()
         if idle:  # a spare: it boots at idle priority until taken (WorkerSet.candidate_pair)
             env[IDLE_ENV] = "1"
+        if plan is not None:  # its own keyring, then no keyring calls at all (measure_worker.isolate)
+            env[ISOLATE_ENV] = after_join_filter().hex()
         # CPU: the candidate's and the twin's processes start with one address layout (no
         # randomisation; the reference worker, which reads a candidate's bytes, keeps it).
         self.sandbox = Sandbox.start(argv, device, plan, memory_bytes=memory_bytes, env=env,
                                      fixed_layout=role == "candidate" and device == "cpu",
                                      binds_rw=binds_rw, binds_ro=binds_ro, idle=idle)
         self.proc = self.sandbox.popen
-        self.out, self.err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
-        for fd in (self.out, self.err):
+        self.out, self.err, self.cmd = self.proc.stdout.fileno(), self.proc.stderr.fileno(), self.proc.stdin.fileno()
+        for fd in (self.out, self.err, self.cmd):
             os.set_blocking(fd, False)
         self.buf, self.log, self.log_bytes = bytearray(), bytearray(), 0
         self.open = {self.out, self.err}
         self.next_watch = 0.0
         self.main_pid = None
+        self.mem = None  # /proc/<worker>/mem, opened once (read_memory)
+        self.frozen = False
 
     # -- talking -----------------------------------------------------------------------------------
 
-    def send(self, obj):
+    def send(self, obj, deadline=None):
+        """A command, one JSON line (see send_raw)."""
+        self.send_raw(json.dumps(obj).encode() + b"\n", deadline)
+
+    def send_raw(self, data, deadline=None):
+        """Write `data` to the worker's command pipe without ever blocking past `deadline`
+        (default: 60 s from now). The pipe is non-blocking: a worker that stops reading, or that
+        fills its own command pipe (it can reopen it through /proc/self/fd/0 where it runs as the
+        user that owns the pipe), costs the parent its deadline, then the worker its life
+        (timeout), never a parent blocked for good."""
+        deadline = time.monotonic() + 60 if deadline is None else deadline
+        view = memoryview(data)
         try:
-            self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
-            self.proc.stdin.flush()
+            while view:
+                try:
+                    view = view[os.write(self.cmd, view):]
+                    continue
+                except BlockingIOError:
+                    pass
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise WorkerFailed("timeout", "the worker stopped taking commands (its command pipe stayed full "
+                                                  "past the deadline; killed)")
+                self._pump(min(deadline, time.monotonic() + WATCH_EVERY), lambda: False, expire=False)
+                select.select([], [self.cmd], [], min(WATCH_EVERY, max(0.0, left)))
         except (BrokenPipeError, OSError, ValueError):
             self._pump(time.monotonic() + 2, lambda: False)  # collect why it died, then raise
 
@@ -247,20 +291,38 @@ class WorkerProcess:
             raise WorkerFailed(status, msg["message"])
         return msg
 
+    def recv_where(self, deadline):
+        """A timed window's reply (parse_where): where the call's outputs are and, from the twin,
+        its call's time; a JSON line there is the kernel's error, raised as WorkerFailed."""
+        self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
+        if b"\n" not in self.buf[:MAX_LINE + 1]:
+            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        if line[:1] == b"{":
+            self.recv(deadline, "error")  # raises: the kernel's error, or a reply out of place
+        self.buf = bytearray(rest)
+        try:
+            return parse_where(line, trusted=self.trusted)
+        except ProtocolError as e:
+            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
+
     def recv_bytes(self, n, deadline):
         self._pump(deadline, lambda: len(self.buf) >= n)
         data, self.buf = bytes(self.buf[:n]), self.buf[n:]
         return data
 
-    def _pump(self, deadline, done):
+    def _pump(self, deadline, done, expire=True):
         """Read both pipes until `done()`; watch the limits meanwhile. Raises WorkerFailed on a
-        deadline, a limit, or a worker that died or closed its channel first."""
+        deadline (unless not `expire`: then it returns), a limit, or a worker that died or closed
+        its channel first."""
         while not done():
             now = time.monotonic()
             if now >= self.next_watch:
                 self.watch()
                 self.next_watch = now + WATCH_EVERY
             if now > deadline:
+                if not expire:
+                    return
                 self.kill()
                 raise WorkerFailed("timeout", "no answer from the worker before the deadline (killed)")
             if self.out not in self.open:
@@ -308,28 +370,11 @@ class WorkerProcess:
 
     # -- the limits, the clock, the end --------------------------------------------------------------
 
-    def settle(self, limit_s=0.002):
-        """Wait (at most `limit_s`) until the worker's main thread sleeps, waiting for its next
-        command. A reply arrives while the worker is still returning to its loop; a clock read
-        at that moment would leave that tail out of one window and in another, so a side whose
-        replies the parent handles faster would look faster."""
-        pid = self._main_pid()
-        end = time.monotonic() + limit_s
-        while pid and time.monotonic() < end:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                return
-            if state != b"R":
-                return
-            os.sched_yield()
-
     def _main_pid(self):
         """The host pid of the worker's Python process (under bwrap, below its init), found when
-        it reports ready, before any candidate code runs. Its command line is the one this class
-        started; bubblewrap's own holds it too, after bwrap's options (which once made the wait
-        in settle watch bubblewrap, always asleep, instead of the worker)."""
+        it reports ready, before any candidate code runs: the process whose memory the parent
+        reads (read_memory). Its command line is the one this class started; bubblewrap's own
+        holds it too, after bwrap's options."""
         if self.main_pid is None:
             self.main_pid = 0
             for pid in self.tree():
@@ -386,6 +431,64 @@ class WorkerProcess:
             self.kill()
             raise WorkerFailed("crashed", reason)
 
+    # -- frozen between its windows ---------------------------------------------------------------
+
+    def freeze(self, deadline):
+        """Stop every task of the worker's sandbox and wait until all are stopped (WorkerFailed
+        on the deadline): with its cgroup's freezer, or else SIGSTOP to each of its processes (on
+        CPU without a cgroup seccomp lets a sandbox start no process, so its processes are the
+        worker and bubblewrap's). A frozen worker uses no CPU, changes no byte of its memory, and
+        runs nothing while the other side of a pair is timed."""
+        cgroup = self.sandbox.cgroup
+        if cgroup is not None and cgroup.can_freeze():
+            ok = cgroup.freeze(deadline)
+        else:
+            pids = self.tree()
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            ok = _wait_stopped(pids, deadline)
+        self.frozen = True
+        if not ok:
+            self.kill()
+            raise WorkerFailed("timeout", "the worker could not be frozen before the deadline (killed)")
+
+    def thaw(self):
+        if not self.frozen:
+            return
+        self.frozen = False
+        cgroup = self.sandbox.cgroup
+        if cgroup is not None and cgroup.can_freeze():
+            cgroup.thaw()
+            return
+        for pid in self.tree():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    def read_memory(self, address, n):
+        """n bytes of the worker's memory at `address`, read by the parent (/proc/<pid>/mem) while
+        the worker is frozen; None where they are not all mapped and readable. Only the parent's
+        read counts: nothing the worker says about its outputs but where they are."""
+        if not 0 <= address < 2**63 - n:
+            return None
+        if self.mem is None:
+            pid = self._main_pid()
+            try:
+                self.mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+            except OSError as e:
+                raise WorkerFailed("crashed", f"the parent cannot read the worker's memory ({e.strerror}): "
+                                              "measure.py needs to read /proc/<pid>/mem of its own child processes "
+                                              "(Yama's kernel.yama.ptrace_scope at 0 or 1)") from None
+        try:
+            data = os.pread(self.mem, n, address) if n else b""
+        except OSError:
+            return None
+        return data if len(data) == n else None
+
     def cpu_ms(self):
         """The parent's CPU clock of this sandbox (measure_sandbox.Sandbox.cpu_ms)."""
         return self.sandbox.cpu_ms(self.tree() if self.sandbox.cgroup is None else ())
@@ -409,6 +512,31 @@ class WorkerProcess:
         except OSError:
             pass
         self.sandbox.close()
+        if self.mem is not None:
+            os.close(self.mem)
+            self.mem = None
+
+
+def _wait_stopped(pids, deadline):
+    """Wait until every thread of these processes is stopped by a signal (state T or t)."""
+    def stopped():
+        for tid_stat in (f"/proc/{pid}/task/{tid}/stat" for pid in pids for tid in _task_ids(pid)):
+            try:
+                with open(tid_stat, "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue  # it ended
+            if state not in (b"T", b"t", b"Z", b"X"):
+                return False
+        return True
+    return wait_until(stopped, deadline)
+
+
+def _task_ids(pid):
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
 
 
 def _threads(pid):
@@ -550,16 +678,22 @@ def pin(worker, cores):
 
 class WorkerSet:
     """The workers of one thread on one device. `visible` is the CUDA_VISIBLE_DEVICES its workers
-    get (one GPU, so that it is their cuda:0); None leaves the variable out. Four folders link it
+    get (one GPU, so that it is their cuda:0); None leaves the variable out. Three folders link it
     to its workers: `inputs` (the reference worker writes each block's inputs there), `shown`
-    (the parent links a window's inputs there as the candidate's window starts; the candidate
-    sees only this one, read-only), `twin_shown` (the same for the twin, on CPU) and `handover`
-    (the candidate's output bytes, for the reference worker to check)."""
+    (the arenas: the parent copies a call's inputs into one just before that call's window; the
+    candidate and its twin see only this folder, read-only) and `handover` (a candidate's output
+    bytes, read by the parent from its frozen process, for the reference worker to check).
+
+    Its thread measures; any other thread may close it (a Ctrl-C's exit, release_workers): every
+    change to its workers and folders, and every look at them, holds `lock`, and a worker started
+    after the set closed is killed at once."""
 
     def __init__(self, visible):
         self.visible = visible
+        self.lock = threading.RLock()
         self.references, self.spares, self.last_key = {}, {}, None
-        self.dirs = None
+        self.started = []  # every worker this set started and has not seen end: close() ends them
+        self.dirs, self.closed = None, False
         # One core runs this set's reference and candidate while a candidate is measured (they
         # never run at once): the two sides of every comparison on the same hardware, and a
         # booting spare elsewhere, so that importing torch does not run beside a timed call.
@@ -575,37 +709,58 @@ class WorkerSet:
 
     def _dirs(self, plan):
         drop = plan is not None and plan.drop_uid
-        if self.dirs is None:
-            self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
-                         "twin_shown": _private_dir("shown-", False), "handover": _private_dir("handover-", False)}
-        elif drop and os.stat(self.dirs["inputs"]).st_uid != SANDBOX_UID:
-            # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread: a sandboxed
-            # reference worker runs as the sandbox's uid and writes the inputs there
-            os.chown(self.dirs["inputs"], SANDBOX_UID, SANDBOX_UID)
-        return self.dirs
+        with self.lock:
+            if self.closed:
+                raise WorkerFailed("crashed", "the measurement's workers were closed (interrupted)")
+            if self.dirs is None:
+                self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
+                             "handover": _private_dir("handover-", False)}
+            elif drop and os.stat(self.dirs["inputs"]).st_uid != SANDBOX_UID:
+                # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread: a sandboxed
+                # reference worker runs as the sandbox's uid and writes the inputs there
+                os.chown(self.dirs["inputs"], SANDBOX_UID, SANDBOX_UID)
+            return dict(self.dirs)
+
+    def _start(self, *args, **kw):
+        """A new WorkerProcess, known to the set (close ends it)."""
+        w = WorkerProcess(*args, **kw)
+        with self.lock:
+            self.started = [x for x in self.started if x.alive()] + [w]
+            closed = self.closed
+        if closed:
+            w.kill()
+            raise WorkerFailed("crashed", "the measurement's workers were closed (interrupted)")
+        return w
 
     def reference_worker(self, task, device, sandboxed, baseline="eager"):
         """(worker, its ready message) for the task; raises WorkerFailed when it cannot start. It
         runs sandboxed exactly when the candidates do, so that both sides of a comparison pay the same.
         baseline "compile": its reference is torch.compile'd (measure.py --baseline compile)."""
         key = (task, device, sandboxed, baseline)
-        if key not in self.references or not self.references[key][0].alive():
-            self.drop_reference()
-            plan = sandbox_plan() if sandboxed else None
-            d = self._dirs(plan)
-            w = WorkerProcess("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
-                              binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]], baseline=baseline)
-            try:
-                self.references[key] = (w, w.recv(time.monotonic() + 600, "ready"))
-            except WorkerFailed as e:
-                w.kill()
-                raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
-        return self.references[key]
+        with self.lock:
+            found = self.references.get(key)
+        if found is not None and found[0].alive():
+            return found
+        self.drop_reference()
+        plan = sandbox_plan() if sandboxed else None
+        d = self._dirs(plan)
+        w = self._start("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
+                        binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]], baseline=baseline)
+        try:
+            found = (w, w.recv(time.monotonic() + 600, "ready"))
+        except WorkerFailed as e:
+            w.kill()
+            raise WorkerFailed(e.status, f"{e.message}; last output: {w.log_tail()}") from None
+        with self.lock:
+            self.references[key] = found
+        return found
 
     def drop_reference(self):
-        for w, _ in self.references.values():
+        with self.lock:
+            gone = [w for w, _ in self.references.values()]
+            self.references.clear()
+        for w in gone:
             w.kill()
-        self.references.clear()
 
     def candidate_pair(self, task, device, sandboxed, memory_bytes):
         """(a fresh candidate worker, its timing twin): a booted spare pair when there is one. On a
@@ -619,20 +774,19 @@ class WorkerSet:
         and leaves the waiting spare of the kind before it alone.
 
         The twin (CPU, measure.py) is the reference's side of every timed pair. It is a candidate
-        worker in all but two things: it is trusted (it loads the reference, never a candidate),
-        and its inputs are linked into a folder of its own, which its sandbox shows where the
-        candidate's shows the candidate's (same path inside either sandbox). A process runs the
-        same code a few percent faster or slower depending on its history and its start (measured:
-        the reference worker, which writes every block's inputs and checks outputs, ran the
-        reference's own calls 5 to 10% faster than a candidate worker; a twin kept from one
-        measurement to the next drifted from fresh candidates; two fresh processes differ by 2 to
-        12% for the same calls, mostly by their hash seed), so each measurement gets a fresh pair,
-        born together: the same way, on
-        the same core, with one address layout and one hash seed (common random numbers: what
-        would make one side slower makes the other as slow)."""
+        worker in all but one thing: it is trusted (it loads the reference, never a candidate). A
+        process runs the same code a few percent faster or slower depending on its history and
+        its start (measured: the reference worker, which writes every block's inputs and checks
+        outputs, ran the reference's own calls 5 to 10% faster than a candidate worker; a twin kept
+        from one measurement to the next drifted from fresh candidates; two fresh processes differ
+        by 2 to 12% for the same calls, mostly by their hash seed), so each measurement gets a
+        fresh pair, born together: the same way, on the same core, with one address layout and
+        one hash seed, seeing the same arenas at the same path (common random numbers: what would
+        make one side slower makes the other as slow)."""
         kind = (task, device, sandboxed, memory_bytes)
-        spares = self.spares.get(kind, [])
-        pair = spares.pop(0) if spares else None
+        with self.lock:
+            spares = self.spares.get(kind, [])
+            pair = spares.pop(0) if spares else None
         took_spare = pair is not None
         if took_spare:
             for w in _members(pair):
@@ -642,16 +796,18 @@ class WorkerSet:
                 w.kill()
             pair = self._new_pair(task, device, sandboxed, memory_bytes)
         if took_spare or kind == self.last_key:
-            for other in [k for k in self.spares if k != kind]:  # spares of one kind at a time
-                for old in self.spares.pop(other):
-                    for w in _members(old):
-                        w.kill()
-            spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in _members(p))]
+            with self.lock:
+                ended = [w for k in [k for k in self.spares if k != kind]  # spares of one kind at a time
+                         for old in self.spares.pop(k) for w in _members(old)]
+                spares = [p for p in self.spares.get(kind, []) if all(w.alive() for w in _members(p))]
+            for w in ended:
+                w.kill()
             while len(spares) < 1:
                 spares.append(self._new_pair(task, device, sandboxed, memory_bytes, idle=True))
                 for w in _members(spares[-1]):
                     pin(w, self.spare_cores)
-            self.spares[kind] = spares
+            with self.lock:
+                self.spares[kind] = spares
         self.last_key = kind
         return pair
 
@@ -659,31 +815,29 @@ class WorkerSet:
         plan = sandbox_plan() if sandboxed else None
         d = self._dirs(plan)
         seed = str(secrets.randbelow(2**32))  # PYTHONHASHSEED's range
-        cand = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[d["shown"]], hash_seed=seed, idle=idle)
+        cand = self._start("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
+                           binds_ro=[d["shown"]], hash_seed=seed, idle=idle)
         if device != "cpu":
             return cand, None
-        # The twin's inputs appear as the candidate's do, linked into a folder as its window starts
-        # (a file looked up in the folder the reference worker writes took the twin 2.6 µs more a
-        # window): a folder of its own, which its sandbox shows where the candidate's shows the
-        # candidate's, so the path strings are the same in both processes.
-        twin = WorkerProcess("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
-                             binds_ro=[(d["twin_shown"], d["shown"])], trusted=True, hash_seed=seed, idle=idle)
-        twin.inputs_at = d["shown"] if plan is not None else d["twin_shown"]
+        twin = self._start("candidate", task, device, plan=plan, memory_bytes=memory_bytes, visible=self.visible,
+                           binds_ro=[d["shown"]], trusted=True, hash_seed=seed, idle=idle)
         return cand, twin
 
     def close(self):
-        if self.core_lock is not None:
-            os.close(self.core_lock)  # the core is free for another set
-            self.core_lock = None
-        self.drop_reference()
-        for w in [w for spares in self.spares.values() for pair in spares for w in _members(pair)]:
+        """End every worker of the set and remove its folders; safe from any thread, and twice."""
+        with self.lock:
+            self.closed = True
+            gone = self.started + [w for w, _ in self.references.values()] + \
+                [w for spares in self.spares.values() for pair in spares for w in _members(pair)]
+            self.started, self.references, self.spares = [], {}, {}
+            dirs, self.dirs = self.dirs, None
+            core_lock, self.core_lock = self.core_lock, None
+        for w in gone:
             w.kill()
-        self.spares.clear()
-        if self.dirs:
-            for path in self.dirs.values():
-                shutil.rmtree(path, ignore_errors=True)
-            self.dirs = None
+        if core_lock is not None:
+            os.close(core_lock)  # the core is free for another set
+        for path in (dirs or {}).values():
+            shutil.rmtree(path, ignore_errors=True)
         with _ALL_LOCK:
             if self in _ALL_SETS:
                 _ALL_SETS.remove(self)

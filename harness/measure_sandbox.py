@@ -13,8 +13,9 @@ provide, not rules of our own:
                 /etc/shadow, no host unix sockets, no project beyond the task files.
   seccomp       a filter built with libseccomp (as Flatpak builds its own) and handed to bwrap:
                 no keyring calls but joining a fresh anonymous session keyring (the worker does,
-                first thing), no ptrace, no new namespaces, no mounts, no bpf, perf or io_uring,
-                no unix-domain sockets; where no cgroup counts a sandbox's memory and processes
+                first thing, then forbids keyring calls altogether), no ptrace, no new
+                namespaces, no mounts, no bpf, perf or io_uring, no sockets, no inotify or
+                message queues (quotas of the host's user); where no cgroup counts a sandbox's memory and processes
                 (below), also no memfd, SysV shared memory or message queues, and on CPU no new
                 processes.
   a cgroup      per sandbox, where the machine lets this process create one (cgroup v2 with a
@@ -57,6 +58,12 @@ MAX_TASKS = 128               # threads and processes in one sandbox (a worker r
 MAX_FILES = 1024              # open file descriptors
 MAX_FILE_BYTES = 1 << 30      # the largest file a sandbox may write (its /tmp is memory)
 TMP_BYTES, SHM_BYTES = 2 << 30, 1 << 30
+# Files of /proc that show more than the sandbox's own processes, and that no kernel, Python,
+# torch or Triton reads: the keyrings and key quotas of every process of the host user (other
+# sandboxes' included), the kernel's symbols, modules, timers, locks and interrupt counters.
+# Each is replaced by an empty file inside the sandbox.
+HOST_VIEWS = ("keys", "key-users", "kallsyms", "modules", "timer_list", "sched_debug", "sysrq-trigger",
+              "kcore", "kmsg", "vmallocinfo", "slabinfo", "iomem", "ioports", "locks", "interrupts", "softirqs")
 INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: apt-get install bubblewrap libseccomp2; "
                 "pip install pyseccomp) or pass --unsafe-no-sandbox (candidate code then runs unconfined, as you)")
 
@@ -203,6 +210,9 @@ def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
         elif os.path.isdir(top):
             bind("--ro-bind", top, top)
     argv.extend(["--proc", "/proc", "--dev", "/dev"])
+    for view in HOST_VIEWS:  # the sandbox's own /proc, less what it shows of the host and its users
+        if os.path.exists(f"/proc/{view}"):
+            argv.extend(["--ro-bind", "/dev/null", f"/proc/{view}"])
     for size, path in ((TMP_BYTES, "/tmp"), (SHM_BYTES, "/dev/shm")):
         argv.extend((["--perms", "1777"] if open_parents else []) + ["--size", str(size), "--tmpfs", path])
     made |= {"/proc", "/dev", "/tmp", "/dev/shm"}
@@ -298,19 +308,31 @@ DENIED = ["ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getf
           "migrate_pages", "move_pages",
           # the parent pins both sides of a comparison to one core (measure_channel.pin): a
           # candidate that moved itself to a quieter core would be timed on other hardware
-          "sched_setaffinity"]
+          "sched_setaffinity",
+          # quotas the kernel keeps per host user, not per sandbox: a candidate holding many
+          # instances would keep every other worker of that user from starting (inotify's 128
+          # instances, the message-queue bytes)
+          "inotify_init", "inotify_init1", "mq_open",
+          # pages handed to a pipe by reference stay the writer's to change after they were sent
+          "vmsplice"]
 # Where no cgroup counts memory: memory a process can hold without mapping it.
-DENIED_WITHOUT_CGROUP = ["memfd_create", "shmget", "mq_open"]
+DENIED_WITHOUT_CGROUP = ["memfd_create", "shmget"]
+# Refused by the worker's second filter, which it installs itself once it has joined its fresh
+# session keyring and before it reads a command (measure_worker.isolate): every keyring call
+# charges the host user's key quota, which a candidate joining keyrings again and again would
+# exhaust for every other worker of that user.
+DENIED_AFTER_JOIN = ["keyctl", "add_key", "request_key"]
 CLONE_THREAD = 0x00010000
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 KEYCTL_JOIN_SESSION_KEYRING = 1
-AF_UNIX = 1
 _FILTERS = {}
 
 
 def seccomp_filter(no_processes, no_hidden_memory):
     """The BPF program (bytes) for a sandbox. no_processes: only threads may be created (a CPU
-    sandbox whose CPU time no cgroup counts); no_hidden_memory: no memfd, SysV shm, mqueues."""
+    sandbox whose CPU time no cgroup counts); no_hidden_memory: no memfd or SysV shm. Once the
+    worker has joined its fresh keyring it adds a second filter of its own that forbids every
+    keyring call (measure_worker.isolate)."""
     key = (no_processes, no_hidden_memory)
     if key not in _FILTERS:
         try:
@@ -324,8 +346,10 @@ def seccomp_filter(no_processes, no_hidden_memory):
         # keyctl only to join a fresh anonymous session keyring (arg0 = JOIN, arg1 = NULL name)
         f.add_rule(eperm, "keyctl", sc.Arg(0, sc.NE, KEYCTL_JOIN_SESSION_KEYRING))
         f.add_rule(eperm, "keyctl", sc.Arg(1, sc.NE, 0))
-        # no path to a host unix socket, whatever gets bound by mistake (socketpair stays)
-        f.add_rule(sc.ERRNO(errno.EACCES), "socket", sc.Arg(0, sc.EQ, AF_UNIX))
+        # no socket of any family: a kernel needs none, the network namespace is empty, and
+        # unix, netlink and vsock sockets reach past it (a host socket bound by mistake, the
+        # kernel's netlink families, the hypervisor); socketpair stays
+        f.add_rule(sc.ERRNO(errno.EACCES), "socket")
         # clone3 passes its flags in memory, which seccomp cannot read: ENOSYS makes glibc use
         # clone, whose flags it can (threads and processes both start through it)
         f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
@@ -340,6 +364,23 @@ def seccomp_filter(no_processes, no_hidden_memory):
             tmp.seek(0)
             _FILTERS[key] = tmp.read()
     return _FILTERS[key]
+
+
+def after_join_filter():
+    """The worker's second filter (DENIED_AFTER_JOIN), built here with libseccomp and exported as
+    BPF, as the sandbox's own filter is: the worker only loads it (measure_worker.isolate), so it
+    needs neither libseccomp's Python binding nor the subprocesses its import would start to
+    find the library, which a sandbox without a cgroup refuses."""
+    if "after_join" not in _FILTERS:
+        import pyseccomp as sc
+        f = sc.SyscallFilter(sc.ALLOW)
+        for name in DENIED_AFTER_JOIN:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+        with tempfile.TemporaryFile() as tmp:
+            f.export_bpf(tmp)
+            tmp.seek(0)
+            _FILTERS["after_join"] = tmp.read()
+    return _FILTERS["after_join"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +425,21 @@ def _read(path):
         return f.read()
 
 
+def wait_until(done, deadline):
+    """Poll `done()` until it holds (True) or `deadline` (time.monotonic) passes (False): a tight
+    loop for the first millisecond (a freeze usually completes in tens of microseconds, and the
+    kernel's change notification on cgroup.events is rate-limited to one per 10 ms), then every
+    0.2 ms."""
+    spin_until = time.monotonic() + 0.001
+    while not done():
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        if now > spin_until:
+            time.sleep(0.0002)
+    return True
+
+
 def _write(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -396,6 +452,7 @@ class Cgroup:
     # Which hierarchy gives each resource here: decided once by cgroup_layout().
     def __init__(self, layout, memory_bytes):
         self.layout, self.dirs = layout, {}
+        self._freeze_fd, self._read_fds = None, {}
         name = f"gpu-forecasters-{os.getpid()}-{secrets.token_hex(4)}"
         for resource, (version, parent) in layout.items():
             path = os.path.join(parent, name)
@@ -425,11 +482,18 @@ class Cgroup:
     def cpu_ns(self):
         """CPU time of every task that was ever in the cgroup (the kernel's own account)."""
         if self.layout["cpu"][0] == 2:
-            for line in _read(self._file("cpu", "cpu.stat")).splitlines():
-                if line.startswith("usage_usec "):
+            for line in self._stat("cpu", "cpu.stat").splitlines():
+                if line.startswith(b"usage_usec "):
                     return int(line.split()[1]) * 1000
             return 0
-        return int(_read(self._file("cpu", "cpuacct.usage")))
+        return int(self._stat("cpu", "cpuacct.usage"))
+
+    def _stat(self, resource, name):
+        """A cgroup file read through a descriptor kept open (the clock is read twice a window)."""
+        fd = self._read_fds.get(name)
+        if fd is None:
+            fd = self._read_fds[name] = os.open(self._file(resource, name), os.O_RDONLY)
+        return os.pread(fd, 4096, 0)
 
     def events(self):
         """(times the memory limit killed a task, times the task limit refused one)."""
@@ -444,6 +508,34 @@ class Cgroup:
                 if line.startswith("max "):
                     refused = int(line.split()[1])
         return oom, refused
+
+    # -- the freezer: measure.py stops every task of a sandbox between its windows ----------------
+
+    def can_freeze(self):
+        return "freezer" in self.dirs
+
+    def freeze(self, deadline):
+        """Stop every task of the cgroup (threads, processes, whatever they were doing) and wait
+        until the kernel says they all are; False if that did not happen before `deadline` (a task
+        stuck in the kernel). A frozen task uses no CPU and changes no memory: the parent reads the
+        worker's clock and its outputs while it is frozen."""
+        if self.layout["freezer"][0] == 2:
+            self._freezer_write(b"1")
+            return wait_until(lambda: b"frozen 1" in self._freezer_read("cgroup.events"), deadline)
+        self._freezer_write(b"FROZEN")
+        return wait_until(lambda: self._freezer_read("freezer.state").strip() == b"FROZEN", deadline)
+
+    def thaw(self):
+        self._freezer_write(b"0" if self.layout["freezer"][0] == 2 else b"THAWED")
+
+    def _freezer_write(self, value):
+        if self._freeze_fd is None:
+            name = "cgroup.freeze" if self.layout["freezer"][0] == 2 else "freezer.state"
+            self._freeze_fd = os.open(self._file("freezer", name), os.O_WRONLY)
+        os.write(self._freeze_fd, value)
+
+    def _freezer_read(self, name):
+        return self._stat("freezer", name)
 
     def peak_bytes(self):
         if "memory" not in self.dirs:
@@ -465,6 +557,15 @@ class Cgroup:
 
     def remove(self):
         """SIGKILL whatever is left, then remove the directories (once the tasks are gone)."""
+        if "freezer" in self.dirs:
+            try:
+                self.thaw()  # a task frozen by cgroup v1's freezer does not die until it is thawed
+            except OSError:
+                pass
+        for fd in [self._freeze_fd, *self._read_fds.values()]:
+            if fd is not None:
+                os.close(fd)
+        self._freeze_fd, self._read_fds = None, {}
         for _ in range(50):
             left = self.pids()
             for pid in left:
@@ -487,7 +588,7 @@ class Cgroup:
 
 
 def cgroup_layout():
-    """{resource: (cgroup version, parent directory)} for 'cpu', 'memory', 'pids': where this
+    """{resource: (cgroup version, parent directory)} for 'cpu', 'memory', 'pids', 'freezer': where this
     process may create a child cgroup that has the resource. Empty where it may not (no write
     access, or v2 without a delegated subtree). A clock is only used once checked (sandbox_plan)."""
     mounts, own = _cgroup_mounts(), _own_cgroups()
@@ -506,11 +607,13 @@ def cgroup_layout():
                         layout[c] = (2, parent)
             except OSError:
                 pass
-    for resource, controller in (("cpu", "cpuacct"), ("memory", "memory"), ("pids", "pids")):
+    for resource, controller in (("cpu", "cpuacct"), ("memory", "memory"), ("pids", "pids"), ("freezer", "freezer")):
         if resource not in layout and controller in mounts and controller in own:
             parent = os.path.join(mounts[controller], own[controller].lstrip("/"))
             if os.access(parent, os.W_OK):
                 layout[resource] = (1, parent)
+    if layout.get("cpu", (0,))[0] == 2:
+        layout["freezer"] = layout["cpu"]  # cgroup.freeze is in every v2 cgroup but the root
     return layout
 
 

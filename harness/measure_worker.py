@@ -29,13 +29,13 @@ import json
 import math
 import os
 import re
-import random
 import sys
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root: tasks/ lives there
 MAX_SOURCE = 1 << 20          # a kernel source larger than 1 MB is not a kernel
+CANDIDATE_FILE = "candidate_kernel.py"  # the candidate's source, in the sandbox's private /tmp
 FLUSH_BYTES = 256 * 2**20     # >= the L2 of any GPU we know: evicts it between calls
 DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded temporaries on the GPU)
 
@@ -157,36 +157,6 @@ def spec_of(out):
                  "nbytes": t.numel() * t.element_size(),
                  "contiguous": t.is_contiguous()}
                 if isinstance(t, torch.Tensor) else {})} for t in items]
-
-
-class CpuTimer:
-    """CPU time of the process around each call (the Triton interpreter: not GPU times). CPU time,
-    not wall clock: it is what the parent can check against the kernel's own accounting, and it
-    does not grow when other programs share the machine's cores."""
-
-    def run(self, fn, inputs):
-        outs, ms = [], []
-        for data in inputs:
-            t0 = time.process_time()
-            out = fn(data)
-            ms.append((time.process_time() - t0) * 1e3)
-            outs.append(snapshot(out))
-        return outs, ms
-
-
-def snapshot(out):
-    """A call's output as it is when the call returns: each plain tensor copied. A kernel may hand
-    back the same buffer from every call (a cache of scratch space, as GPU MODE submissions keep;
-    GPU MODE checks each output before the next call): without the copy, the next call would
-    overwrite the outputs this worker holds for the handover. Other objects are left as they are,
-    for the output checks to refuse. On CPU only, in both roles (the copy is inside both windows):
-    on a GPU a copy per call would cost the candidate and the reference unequally."""
-    import torch
-    if type(out) is torch.Tensor:
-        return out.clone() if out.is_contiguous() else out
-    if isinstance(out, (tuple, list)) and all(type(t) is torch.Tensor for t in out):
-        return type(out)(snapshot(t) for t in out)
-    return out
 
 
 def shared_outputs(outs):
@@ -334,9 +304,12 @@ class Worker:
         # No mode differs between a checked call and a timed one (a kernel could tell them apart),
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
-        self.timer = CudaTimer() if device == "cuda" else CpuTimer()
+        self.timer = CudaTimer() if device == "cuda" else None
         self.block = None  # (id, case, inputs, outputs) of the last block
         self.prepared = {}  # reference, CPU: block id -> each call's input tensors, as generated
+        self.arenas, self.views = {}, {}  # CPU: arena path -> its mapping; case index -> inputs per slot
+        self.held = None  # CPU: the last window's outputs, alive until the parent has read them
+        self.reply_fd = out.fileno() if hasattr(out, "name") else None  # a real file (tests pass a BytesIO)
 
     def reference_fn(self, baseline):
         import torch
@@ -356,21 +329,20 @@ class Worker:
 
     def load(self, cmd):
         """Import the candidate from a real file in the sandbox's private /tmp (@triton.jit reads
-        its function's source from the file)."""
+        its function's source from the file). The parent times the import itself: no figure of
+        a verdict comes from the candidate's process."""
         import importlib.util
         if cmd.get("reference"):  # the timing twin (measure.py): this task's reference, not a file
-            t0 = time.perf_counter()
             self.fn, self.reports_times = self.reference_fn(cmd["reference"]), True
-            return {"op": "loaded", "import_s": time.perf_counter() - t0}
+            return {"op": "loaded"}
         source = cmd["source"]
         if len(source) > MAX_SOURCE:
-            return {"op": "loaded", "error": "compile_error", "message": "candidate source over 1 MB"}
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "candidate_kernel.py")
+            return {"op": "error", "error": "compile_error", "message": "candidate source over 1 MB"}
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), CANDIDATE_FILE)
         with open(path, "w") as f:
             f.write(source)
         # GPU MODE's template imports `task` (input_t, output_t): its stand-in is on the path.
         sys.path.insert(0, os.path.join(ROOT, "tasks", "gpumode_shim"))
-        t0 = time.perf_counter()
         try:
             spec = importlib.util.spec_from_file_location("candidate_kernel", path)
             module = importlib.util.module_from_spec(spec)
@@ -386,15 +358,17 @@ class Worker:
         if not callable(fn):
             return {"op": "error", "error": "compile_error", "message": "custom_kernel is not callable"}
         self.fn = fn
-        return {"op": "loaded", "import_s": time.perf_counter() - t0}
+        return {"op": "loaded"}
 
     def prepare(self, cmd):
         """Reference role, on CPU: make the inputs of every seed of a block and write each call's,
-        raw, to its own file (`paths`, in a folder only this worker may write). The candidate later
-        maps a call's file read-only as that call starts: the inputs it gets are the trusted side's,
-        it cannot change them, and it never sees the next call's before its clock runs. The tensors
-        stay here while the block after next is made: the check compares the file with them, and
-        the parent makes a block while the one before it is timed and then checked (measure.py)."""
+        raw, to its own file (`paths`, in a folder only this worker may write), its tensors one
+        after the other, 64-byte aligned: the same layout for every call of a case. The parent
+        copies a call's file into the arena the timed workers map read-only (setup) only while
+        they are frozen, just before that call's window: the inputs they get are the trusted
+        side's, they cannot change them, and no call's inputs exist for them before its window.
+        The tensors stay here while the block after next is made: the check compares the file with
+        them, and the parent makes a block while the one before it is timed and then checked."""
         collect_between_calls()
         self.prepared = dict(list(self.prepared.items())[-1:])  # the block made last (ids restart per measurement)
         layouts, kept = [], []
@@ -406,12 +380,6 @@ class Worker:
             with os.fdopen(fd, "wb") as f:
                 for t in found:
                     raw = raw_bytes(t).numpy()
-                    # Each tensor at a random 64-byte offset of its page: where a call's inputs sit
-                    # against its outputs' addresses (cache sets) varies from call to call instead
-                    # of repeating in every call of a process.
-                    shift = 64 * random.randrange(64)
-                    f.write(bytes(shift))
-                    pos += shift
                     pad = -raw.nbytes % 64  # 64-byte aligned: every dtype views cleanly
                     tensors.append([pos, raw.nbytes, str(t.dtype).removeprefix("torch."), list(t.shape)])
                     f.write(memoryview(raw))
@@ -422,34 +390,68 @@ class Worker:
         self.prepared[cmd["id"]] = kept
         return {"op": "prepared", "id": cmd["id"], "layouts": layouts}
 
+    # -- CPU: the arena and the two kinds of window ----------------------------------------------
+
+    def setup(self, cmd):
+        """CPU, untimed: map a case's arena (a file the parent writes, read-only here) once, and
+        build the case's inputs over each of its slots as tensors now, so that a window holds
+        nothing of the harness but reading its command, the call and its reply."""
+        mm = self.arenas.get(cmd["arena"])
+        if mm is None:
+            mm = self.arenas[cmd["arena"]] = map_file(cmd["arena"])
+        self.views[cmd["case_index"]] = [views(mm, cmd["layout"], base)[0] for base in cmd["bases"]]
+        collect_between_calls()
+        return {"op": "set"}
+
     def call(self, cmd):
-        """CPU, both roles: one window's calls (a few, consecutive) on the inputs the trusted side
-        wrote for each (mapped read-only), every output described and fingerprinted (BLAKE3)
-        before the reply leaves. The parent's clock runs from this command to its reply, so the
-        fingerprints prove the bytes existed inside the window: no work can be deferred past it,
-        or moved into another window."""
-        if cmd["index"] == 0:
-            self.block = (cmd["id"], cmd["case"], [], [])
-        bid, case, inputs, outs = self._block(cmd)
-        if cmd["index"] != len(outs):
-            raise RuntimeError(f"call {cmd['index']} of block {bid} out of order")
-        data = [map_inputs(x["path"], x["layout"])[0] for x in cmd["inputs"]]
-        given = [tensors_of(d) for d in data]  # before the call: keys a kernel adds are not inputs
-        out, ms = self._run(case, data)
-        if ms is None:
-            return out  # the kernel's error
-        inputs.extend(given)
-        outs.extend(out)
-        specs = [spec_of(o) for o in out]
-        good = all(x["plain"] and x.get("contiguous") for spec in specs for x in spec)
-        reply = {"op": "called", "id": bid, "index": cmd["index"], "specs": specs,
-                 "out_digests": [digest(tensors_of(o), 0, 0) for o in out] if good else None}
-        # Both roles do the same work inside the window; only the reference's figures are sent
-        # (its timer is trusted, a candidate's never read).
-        nbytes = bytes_of_call(data[0], out[0])
+        """CPU: a checked window (the correctness calls): the call on the inputs in arena slot
+        `slot` of case `case_index`, and a full description of its outputs, which the parent
+        compares with the reference's before it reads their bytes (spec_of)."""
+        self.held = None
+        data = self.views[cmd["case_index"]][cmd["slot"]]
+        try:
+            out = self.fn(data)
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
+            return {"op": "error", "error": "runtime_error", "message": f"{case_str(cmd['case'])}: {describe_error(e, self.device)}"}
+        self.held = out
+        reply = {"op": "called", "specs": spec_of(out)}
+        try:
+            reply["where"] = where(out).decode()
+        except (AttributeError, TypeError, RuntimeError):
+            reply["where"] = None  # not tensors: the parent names what came back
         if self.reports_times:
-            reply.update(ms=ms, bytes_per_call=nbytes)
+            reply["bytes_per_call"] = bytes_of_call(data, out)
         return reply
+
+    def go(self, line):
+        """CPU: a timed window, `g<case index>,<slot>`: the call, and where its outputs are (their
+        addresses and dtypes), nothing else. The parent froze this process before the window and
+        freezes it again after the reply; it reads the clock and the outputs' bytes while the
+        process is frozen. So everything the candidate's process does from the command to the
+        reply is its time, and nothing of the harness runs in it that a candidate could make
+        cheaper: reading the command, the call, where its outputs are, writing the reply. The
+        twin (reports_times) also times its call with the wall clock, a vDSO read (tens of
+        nanoseconds) on either side of it, for the reference's time per call."""
+        self.held = None  # the last window's outputs, read by the parent: freed now, in the window
+        case_index, slot = line[1:].split(b",")
+        data = self.views[int(case_index)][int(slot)]
+        try:
+            if self.reports_times:
+                t0 = time.perf_counter_ns()
+                out = self.fn(data)
+                ns = time.perf_counter_ns() - t0
+                self.held = out
+                os.write(self.reply_fd, b"%s %d\n" % (where(out), ns))
+            else:
+                out = self.fn(data)
+                self.held = out
+                os.write(self.reply_fd, where(out) + b"\n")
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the kernel's error, or outputs that are not tensors
+            self.send({"op": "error", "error": "runtime_error", "message": describe_error(e, self.device)})
 
     def _run(self, case, inputs):
         """(outputs, per-call ms) of the kernel on each input, timed; or (an error reply, None)."""
@@ -515,10 +517,12 @@ class Worker:
         self.send(reply, payload)
 
     def check(self, cmd):
-        """Reference role: the verdict on a candidate's handed-over bytes for call `index` of the
-        last block. On a GPU that call ran here on the same inputs (run_block); on CPU, where the
-        timing twin ran the block's reference calls, this worker runs the picked call now, untimed,
-        on the input file it wrote (`input`: its path and layout)."""
+        """Reference role: the verdict on a candidate's output bytes for call `index` of the last
+        block (in the file at `path`: on a GPU handed over by the candidate, on CPU read by the
+        parent from the candidate's frozen process). On a GPU that call ran here on the same inputs
+        (run_block); on CPU, where the timing twin ran the block's reference calls, this worker
+        runs the picked call now, untimed, on the input file it wrote (`input`: its path and
+        layout)."""
         import torch
         j = cmd["index"]
         if "input" in cmd:
@@ -527,17 +531,14 @@ class Worker:
             bid, case = cmd["id"], cmd["case"]
             data = map_inputs(cmd["input"]["path"], cmd["input"]["layout"])[0]
             inputs = {j: tensors_of(data)}
-            expected = snapshot(self.fn(data))
+            expected = self.fn(data)
         else:
             bid, case, inputs, outs = self._block(cmd)
             expected = outs[j]
         exp_tensors = tensors_of(expected)
-        t0 = time.process_time()
-        output_bytes(expected)  # what the candidate's handover cost: the parent's allowance for it
-        serialize_ms = (time.process_time() - t0) * 1e3
-        reply = {"op": "checked", "id": bid, "ok": False, "serialize_ms": serialize_ms}
-        # The candidate's dtype of each output (the parent let through only known ones): the
-        # task's check casts, as GPU MODE's does, so another dtype is no failure in itself.
+        reply = {"op": "checked", "id": bid, "ok": False}
+        # The candidate's dtype of each output (the parent let through only the reference's, or
+        # one the task allows): the task's check decides on the values.
         dtypes = [getattr(torch, str(d).removeprefix("torch."), None) for d in cmd.get("dtypes") or [e.dtype for e in exp_tensors]]
         if len(dtypes) != len(exp_tensors) or not all(isinstance(d, torch.dtype) for d in dtypes):
             return {**reply, "message": "the candidate's outputs have dtypes the check cannot read"}
@@ -550,7 +551,9 @@ class Worker:
             raw = torch.frombuffer(bytearray(data[pos:pos + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
             got.append(raw.view(d).reshape(e.shape).to(e.device))
             pos += n
-        if digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
+        # On a GPU the candidate handed its bytes over itself, after committing to their
+        # fingerprint; on CPU the parent read them from the frozen process (no fingerprint).
+        if cmd.get("out_digest") is not None and digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
             return {**reply, "forged": True,
                     "message": "handed-over bytes differ from what the worker committed to when its calls returned"}
         if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
@@ -594,25 +597,32 @@ def skeleton(data, tensors):
     raise TypeError(f"an input of type {type(data).__name__} cannot be handed to a worker")
 
 
-def map_inputs(path, layout):
-    """Every call's inputs of a block, as tensors over a read-only shared mapping of the file: a
-    write into one faults, and no copy of the inputs exists that the candidate could change."""
+def map_file(path):
+    """A read-only shared mapping of a whole file (None for an empty one): a write through it
+    faults, and no copy exists that the process could change."""
     import mmap
+    size = os.path.getsize(path)
+    if not size:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def views(mm, layout, base=0):
+    """Every call's inputs of a layout as tensors over the mapping `mm`, the layout's offsets
+    counted from `base`."""
     import warnings
 
     import torch
-    mm = None
-    if layout["size"]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            mm = mmap.mmap(fd, layout["size"], flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
     tensors = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "non-writable buffer": exactly the point
         for offset, nbytes, dtype, shape in layout["tensors"]:
-            raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes else torch.empty(0, dtype=torch.uint8)
+            raw = (torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=base + offset) if nbytes
+                   else torch.empty(0, dtype=torch.uint8))
             tensors.append(raw.view(getattr(torch, dtype)).reshape(shape))
 
     def build(node):
@@ -626,6 +636,29 @@ def map_inputs(path, layout):
             return {k: build(v) for k, v in node["dict"]}
         return node["v"]
     return [build(c) for c in layout["calls"]]
+
+
+def map_inputs(path, layout):
+    """Every call's inputs of a block's file, as tensors over a read-only mapping of it."""
+    return views(map_file(path), layout)
+
+
+# The dtypes an output may have, by the code a timed window's reply names them with (0: another).
+DTYPES = ("", "float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+          "float8_e5m2fnuz", "int64", "int32", "int16", "int8", "uint8", "bool")
+_DTYPE_CODE = {}
+
+
+def where(out):
+    """Where a call's outputs are, for the parent to read while the worker is frozen: each
+    tensor's address and dtype code, b"7f3a1c000040:1,7f3a1c100000:3". Raises for an output that
+    is not a tensor (or a tuple of them)."""
+    if not _DTYPE_CODE:
+        import torch
+        _DTYPE_CODE.update({getattr(torch, name): code for code, name in enumerate(DTYPES) if name})
+    if isinstance(out, (tuple, list)):
+        return b",".join(b"%x:%d" % (t.data_ptr(), _DTYPE_CODE.get(t.dtype, 0)) for t in out)
+    return b"%x:%d" % (out.data_ptr(), _DTYPE_CODE.get(out.dtype, 0))
 
 
 def raw_bytes(t):
@@ -679,6 +712,7 @@ def collect_between_calls():
 # still weigh as much as the reference worker's: the worker lowers it itself as it starts, before it
 # imports torch. The parent raises it again when it takes the spare (measure_sandbox.wake_up).
 IDLE_ENV = "GPU_FORECASTERS_BOOT_IDLE"
+ISOLATE_ENV = "GPU_FORECASTERS_ISOLATE"  # the second filter's BPF (hex), set by the parent for a sandboxed worker
 
 
 def lower_own_session_group():
@@ -693,14 +727,45 @@ def lower_own_session_group():
             return  # no autogroups here: the thread policy is all there is
 
 
-def join_fresh_keyring():
-    """Leave the session keyring inherited from whoever started the measurement for a new, empty,
-    anonymous one (the seccomp filter allows this keyctl call and no other)."""
+def isolate(bpf):
+    """The worker's own isolation step, before it reads any command (so before any candidate
+    code): leave the session keyring inherited from whoever started the measurement for a new,
+    empty, anonymous one (the sandbox's seccomp filter allows this keyctl call and no other), then
+    load `bpf`, a second seccomp filter the parent built with libseccomp that refuses every
+    keyring call (measure_sandbox.after_join_filter): each would charge the host user's key
+    quota. A step that fails raises: the worker then stops before it loads a candidate, never
+    running one with less isolation."""
     import ctypes
     import platform
-    number = {"x86_64": 250, "aarch64": 219}.get(platform.machine())  # keyctl's syscall number
-    if number is not None:
-        ctypes.CDLL(None, use_errno=True).syscall(number, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, no name
+    number = {"x86_64": 250, "aarch64": 219}.get(platform.machine())  # keyctl's system call number
+    if number is None:
+        raise RuntimeError(f"no keyctl system call number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, no name
+        raise OSError(ctypes.get_errno(), f"joining a fresh session keyring failed: {os.strerror(ctypes.get_errno())}")
+
+    class SockFprog(ctypes.Structure):  # struct sock_fprog: the filter's length and its instructions
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    program = bytes.fromhex(bpf)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 or \
+            libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(SockFprog(len(program) // 8, program)), 0, 0) < 0:
+        raise OSError(ctypes.get_errno(), f"loading the second seccomp filter failed: {os.strerror(ctypes.get_errno())}")
+
+
+def commands(fd):
+    """The lines arriving on `fd`, read with plain os.read: no buffered text layer between the
+    parent's command and the call, whose window it opens."""
+    buf = b""
+    while True:
+        line, nl, buf = buf.partition(b"\n")
+        if nl:
+            yield line
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buf = line + chunk
 
 
 def main():
@@ -712,7 +777,14 @@ def main():
     sys.path.insert(0, ROOT)
     if os.environ.pop(IDLE_ENV, None):
         lower_own_session_group()
-    join_fresh_keyring()
+    bpf = os.environ.pop(ISOLATE_ENV, None)
+    if bpf:  # the parent asks for it in every sandbox
+        try:
+            isolate(bpf)
+        except BaseException as e:  # noqa: BLE001 - a harness failure, before any candidate code
+            out.write(json.dumps({"op": "error", "error": "isolation", "message": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+            out.flush()
+            os._exit(70)
     worker = Worker(role, task_name, device, out, baseline)
     ready = {"op": "ready", "role": role, "pid": os.getpid()}
     if role == "reference":  # what the parent needs of the task, so that it never imports it
@@ -720,6 +792,7 @@ def main():
         ready["cases"] = {"benchmark": t.BENCHMARK_CASES, "check": t.CHECK_CASES,
                           "cpu": t.CPU_CASES, "cpu_check": t.CPU_CHECK_CASES}
         ready["min_bytes"] = [t.min_bytes(c) for c in t.BENCHMARK_CASES]
+        ready["allowed_dtypes"] = list(getattr(t, "ALLOWED_OUTPUT_DTYPES", ()))
         if device == "cuda":
             ready["copy_bandwidth"] = copy_bandwidth()
             import torch
@@ -735,9 +808,12 @@ def main():
         # window, on either side. Each collects between blocks instead (collect_between_calls).
         gc.disable()
     worker.send(ready)
-    handlers = {"load": worker.load, "prepare": worker.prepare, "call": worker.call, "block": worker.run_block,
-                "commit": worker.commit, "handover": worker.handover, "check": worker.check}
-    for line in sys.stdin:
+    handlers = {"load": worker.load, "prepare": worker.prepare, "setup": worker.setup, "call": worker.call,
+                "block": worker.run_block, "commit": worker.commit, "handover": worker.handover, "check": worker.check}
+    for line in commands(0):
+        if line[:1] == b"g":  # a timed window (CPU): nothing but the call between command and reply
+            worker.go(line)
+            continue
         cmd = json.loads(line)
         if cmd["op"] == "exit":
             break

@@ -89,7 +89,9 @@ def test_non_finite_values_match_kind_for_kind():
     from tasks._check import compare_outputs
     ref = torch.tensor([1.0, float("nan"), float("inf"), float("-inf")])
     assert compare_outputs(ref.clone(), ref, 1e-3, 1e-3) == (True, "ok")
-    assert compare_outputs(ref.half(), ref, 1e-3, 1e-3) == (True, "ok")  # cast, then compared
+    assert compare_outputs(ref.half(), ref, 1e-3, 1e-3, allowed_dtypes=("float16",)) == (True, "ok")  # cast, then compared
+    ok, msg = compare_outputs(ref.half(), ref, 1e-3, 1e-3)  # where the task allows no other dtype
+    assert not ok and "dtype torch.float16, expected torch.float32" in msg
     for i, wrong in ((1, float("inf")), (2, float("nan")), (2, float("-inf")), (3, float("inf")), (0, float("nan"))):
         out = ref.clone()
         out[i] = wrong
@@ -199,16 +201,34 @@ def test_cpu_verdicts_name_a_missing_gpu_and_gpu_verdicts_keep_the_error():
 
 
 def test_outputs_sharing_memory_across_calls_are_found():
+    """On a GPU the worker holds a block's outputs until the parent picks one to check: a kernel
+    that hands back the same buffer from every call is named (measure_worker.shared_outputs)."""
     import torch
 
-    from harness.measure_worker import shared_outputs, snapshot
+    from harness.measure_worker import shared_outputs
     buf = torch.zeros(4)
     assert shared_outputs([buf, torch.zeros(4), buf]) == (0, 2)
     assert shared_outputs([(torch.zeros(2), buf[:2]), (buf[2:],)]) == (0, 1)  # views of one buffer
     assert shared_outputs([torch.zeros(4), torch.zeros(4)]) is None
-    kept = snapshot(buf)
-    buf.fill_(1.0)
-    assert kept.sum() == 0 and type(kept) is torch.Tensor
+
+
+def test_on_cpu_a_kernel_may_hand_back_the_same_buffer_from_every_call():
+    """GPU MODE checks each call's output before the next call, so a submission may keep one output
+    buffer and return it every time. On CPU every call is a window of its own, and the parent reads
+    its outputs from the frozen process before the next call runs: such a kernel is judged on
+    each call's own answer, ok."""
+    src = TRIMUL + '''
+_out = {}
+
+
+def custom_kernel(data):
+    result = _trimul(*data)
+    buf = _out.setdefault(tuple(result.shape), torch.empty_like(result))
+    buf.copy_(result)
+    return buf
+'''
+    m = run(src)
+    assert m.status == "ok", m.message
 
 
 @pytest.mark.slow

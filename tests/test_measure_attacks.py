@@ -124,12 +124,13 @@ def test_without_a_cgroup_a_candidate_may_not_start_processes(attack, no_cgroup)
     assert m.status == "runtime_error" and "not permitted" in m.message, m.message
 
 
-def test_work_while_the_reference_runs_is_charged_to_the_candidate(attack):
-    """A thread thrashes the caches while the reference is timed: its CPU time between the
-    candidate's windows is the candidate's, and it costs far more than it slows the reference."""
+def test_work_while_the_reference_runs_is_impossible_the_candidate_is_frozen(attack):
+    """A thread means to thrash the caches while the reference is timed. The candidate's sandbox
+    is frozen outside its own windows, so the thread runs only inside them, on the candidate's
+    clock: no CPU outside its windows at all."""
     m = at_most_honest(attack, "slow_the_reference")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
-    assert any("outside its windows" in f for f in m.flags), m.flags
+    assert all(c["hidden_ms"] == 0 for c in m.cases), [c["hidden_ms"] for c in m.cases]
 
 
 def test_inputs_appear_only_when_the_candidates_call_starts(attack):
@@ -301,9 +302,11 @@ def test_work_in_threads_that_exit_still_counts(attack):
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
-def test_computing_only_the_handed_over_call_is_a_forgery(attack):
+def test_computing_only_the_handed_over_call_is_caught(attack):
+    """On CPU nothing is handed over: the parent reads every call's outputs from the frozen
+    process as its window ends, so the placeholders are what is judged."""
     m = attack("defer_to_handover")
-    assert m.status == "rejected" and "committed" in m.message, m.message
+    assert m.status == "incorrect" and "outside rtol" in m.message, m.message
 
 
 @pytest.mark.parametrize("name", ["setprofile_sleep", "torch_library_override"])

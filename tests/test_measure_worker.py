@@ -102,35 +102,54 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
 
 def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_path, monkeypatch):
     """The twin (measure.py, CPU): a worker started in the candidate's role whose load op takes the
-    task's reference instead of a file; it then reports its times as the reference worker does,
-    while a worker that loaded a candidate's file never does. Loading it through compile takes the
-    compiled reference (--baseline compile)."""
+    task's reference instead of a file; in a timed window it then reports its call's time beside
+    where its outputs are, while a worker that loaded a candidate's file never does. Both build a
+    case's inputs over the arena once (setup), and a timed window holds the call and its reply:
+    the reply's addresses hold the outputs' bytes. Loading it through compile takes the compiled
+    reference (--baseline compile)."""
+    import ctypes
     import io
-    import json
+    import os
 
     from triton.runtime import interpreter  # imported before the workers' import hooks (one per Worker here)
 
-    from harness import measure_worker
+    from harness import measure_channel, measure_worker
     monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
     ref = measure_worker.Worker("reference", "fp8_quant", "cpu", io.BytesIO())
     case = ref.task.CPU_CASES[0]
-    paths = [str(tmp_path / f"in-{j}.bin") for j in range(2)]
-    layouts = ref.prepare({"id": 1, "case": case, "seeds": [5, 6], "paths": paths})["layouts"]
-    call = {"id": 1, "op": "call", "case": case, "index": 0,
-            "inputs": [{"path": p, "layout": lay} for p, lay in zip(paths, layouts)]}
+    path = str(tmp_path / "in-0.bin")
+    layout = ref.prepare({"id": 1, "case": case, "seeds": [5], "paths": [path]})["layouts"][0]
+    arena = tmp_path / "arena.bin"
+    arena.write_bytes(bytes(64) + open(path, "rb").read())  # slot 0 at byte 64
+    setup = {"op": "setup", "case_index": 0, "arena": str(arena), "layout": layout, "bases": [64]}
+    expected = ref.fn(measure_worker.map_inputs(path, layout)[0])
+
+    def timed(worker):
+        read_fd, write_fd = os.pipe()
+        worker.reply_fd = write_fd
+        worker.go(b"g0,0")
+        os.close(write_fd)
+        line = os.read(read_fd, 4096).rstrip(b"\n")
+        os.close(read_fd)
+        return measure_channel.parse_where(line, trusted=True)
 
     twin = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
     assert twin.load({"op": "load", "reference": "eager"})["op"] == "loaded"
-    assert twin.fn is twin.task.reference
-    reply = twin.call(call)
-    assert len(reply["ms"]) == 2 and all(ms > 0 for ms in reply["ms"]) and reply["bytes_per_call"] > 0
+    assert twin.fn is twin.task.reference and twin.setup(setup)["op"] == "set"
+    where, ns = timed(twin)
+    assert ns > 0 and len(where) == len(expected)
+    for (address, code), e in zip(where, expected):
+        assert measure_worker.DTYPES[code] == str(e.dtype).removeprefix("torch.")
+        assert ctypes.string_at(address, e.numel() * e.element_size()) == e.numpy().tobytes()
 
     cand = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
     source = "from tasks.fp8_quant import reference\n\ndef custom_kernel(data):\n    return reference(data)\n"
-    assert cand.load({"op": "load", "source": source})["op"] == "loaded"
-    reply = cand.call(call)
-    assert "ms" not in reply and "bytes_per_call" not in reply
-    assert json.loads(json.dumps(reply))["out_digests"] == twin.call({**call, "id": 2})["out_digests"]
+    assert cand.load({"op": "load", "source": source}) == {"op": "loaded"}  # no figure of its own
+    cand.setup(setup)
+    where, ns = timed(cand)
+    assert ns is None and len(where) == len(expected)
+    reply = cand.call({"op": "call", "case": case, "case_index": 0, "slot": 0})
+    assert "bytes_per_call" not in reply and [s["shape"] for s in reply["specs"]] == [list(e.shape) for e in expected]
 
     compiled = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
     compiled.load({"op": "load", "reference": "compile"})
