@@ -76,7 +76,7 @@ from pathlib import Path
 from data.records import cache_dir, write_atomic
 from harness.measure_channel import WorkerFailed, new_token, parse_where, pin, printable, workers
 from harness.measure_sandbox import jemalloc, require_sandbox
-from harness.measure_worker import DTYPES, case_str
+from harness.measure_worker import CANDIDATE_FILE, DTYPES, case_str
 from runtime import cli
 from runtime.cli import flag
 
@@ -412,7 +412,7 @@ class _Session:
         within = abs(math.log(speedup)) <= 2 * noise
         flags = [f for r in rows for f in r["flags"]]
         if within:
-            flags.append(f"{speedup:.3f}x is within the measurement's noise of 1.0 (+-{2 * noise:.1%} at two standard errors)")
+            flags.append(f"{speedup:.3f}x is within two standard errors of 1.0 (noise {noise:.1%}): no speedup the measurement can tell")
         return dict(status="ok", speedup=speedup, noise=noise, within_noise=within, cases=rows, flags=flags,
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
                     import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
@@ -1111,18 +1111,30 @@ def _spread(xs):
 # ---------------------------------------------------------------------------------------------
 
 def format_table(m):
+    """A measurement as the command line prints it. One word per quantity, the same as in the
+    JSON: `noise` is one standard error of the speedup (of its log, from a bootstrap over the
+    paired windows), and a speedup within two of them of 1.0 is flagged; `call spread` is how much
+    the candidate's single calls vary (their interquartile range over their median), which many
+    windows average away."""
     head = f"task {m.task}: {m.status}"
     if m.speedup:
-        head += f", speedup {m.speedup:.3f}x (geomean, +-{2 * m.noise:.1%} at two standard errors)"
+        head += f", speedup {m.speedup:.3f}x (geomean over the cases), noise {m.noise:.1%}"
     lines = [head, f"device {m.device}; scale {m.scale}" + (" (cached)" if m.cached else ""),
              f"timer: {m.timer}", f"sandbox: {m.sandbox}"]
     if m.status != "ok":
         lines.append(f"reason: {m.message}")
     if m.cases:
-        lines.append(f"{'case':<40} {'reference ms':>13} {'candidate ms':>13} {'spread':>7} {'speedup':>8} {'noise':>6}")
-        for r in m.cases:
-            lines.append(f"{case_str(r['case']):<40} {r['reference_ms']:>13.4f} {r['candidate_ms']:>13.4f} "
-                         f"{r['candidate_spread']:>7.1%} {r['speedup']:>7.3f}x {r['noise']:>6.1%}")
+        labels = [case_str({k: v for k, v in r["case"].items() if k != "cpu_only"}) + (" *" if r["case"].get("cpu_only") else "")
+                  for r in m.cases]
+        width = max(len("case"), *map(len, labels))
+        lines.append(f"{'case':<{width}}  {'reference ms':>12}  {'candidate ms':>12}  {'speedup':>8}  {'noise':>6}  {'call spread':>11}")
+        for label, r in zip(labels, m.cases):
+            lines.append(f"{label:<{width}}  {r['reference_ms']:>12.4f}  {r['candidate_ms']:>12.4f}  {r['speedup']:>7.3f}x  "
+                         f"{r['noise']:>6.1%}  {r['candidate_spread']:>11.1%}")
+        if any(r["case"].get("cpu_only") for r in m.cases):
+            lines.append("* a CPU-only shape, outside the original problem's")
+        lines.append("noise: one standard error of the speedup (a bootstrap over the paired windows); "
+                     "call spread: how much the candidate's single calls vary (interquartile range / median)")
         lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s"
                      + (f"; of these, full output checks {m.verify_s:.2f} s" if m.verify_s is not None else ""))
         if m.reference_peak_gb:
@@ -1154,7 +1166,12 @@ def read_candidate(path):
 
 @dataclasses.dataclass
 class Args:
-    """Measure a candidate kernel against a task's PyTorch reference."""
+    """Measure a candidate kernel against a task's PyTorch reference.
+
+    Exit status, as test runners have it: 0 when the verdict is `ok`; 1 when the candidate failed
+    (compile_error, incorrect, runtime_error, timeout, crashed, rejected); 2 for a usage error
+    (a bad flag, an unknown task, an unreadable file, no sandbox); 3 when the harness itself
+    failed (the reference's side; not the candidate's fault, never cached)."""
     task: str = flag(None, "task name, e.g. cross_entropy (see tasks/); or a problem file (KernelBench's format, "
                      "or tasks/problem_file.py's); or kernelbench:LEVEL/NAME", required=True)
     kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for --task kernelbench:LEVEL/NAME "
@@ -1197,13 +1214,16 @@ def main(argv=None):
     except (ValueError, HarnessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 3
+    for each in (m, compiled):  # the worker imports the source under its own name: say the user's
+        if each is not None:
+            each.message = each.message.replace(CANDIDATE_FILE, args.candidate)
     if args.json:
         print(json.dumps(m.to_dict() if compiled is None else {**m.to_dict(), "over_compile": compiled.to_dict()}))
     else:
         print(format_table(m))
         if compiled is not None:
             print("\nover torch.compile of the reference (--baseline compile):\n" + format_table(compiled))
-    return 0
+    return 0 if all(each.status == "ok" for each in (m, compiled) if each is not None) else 1
 
 
 if __name__ == "__main__":

@@ -450,12 +450,21 @@ def test_cli_binary_or_non_utf8_candidate_is_one_line(tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr and not r.stdout
 
 
-def test_cli_wrong_kernel_is_a_result_not_an_error(tmp_path):
+def test_cli_a_failed_candidate_exits_1_with_its_verdict_and_its_own_file_named(tmp_path):
+    """Test runners' convention: 0 for `ok`, 1 for a candidate that failed (its verdict printed all
+    the same), 2 for a usage error (above). A syntax error names the user's file, not the name the
+    worker imported it under."""
     bad = tmp_path / "bad.py"
     bad.write_text("def custom_kernel(data):\n    raise RuntimeError('nope')\n")
     r = cli("--task", TASK, "--candidate", str(bad), "--json", "--device", "cpu", "--no-cache")
-    assert r.returncode == 0
+    assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["status"] == "runtime_error"
+    broken = tmp_path / "broken.py"
+    broken.write_text("def custom_kernel(data):\n    return (\n")
+    r = cli("--task", TASK, "--candidate", str(broken), "--device", "cpu", "--no-cache")
+    assert r.returncode == 1 and "compile_error" in r.stdout, r.stdout + r.stderr
+    assert f"{broken}, line 2" in r.stdout and "candidate_kernel.py" not in r.stdout, r.stdout
+    assert "Exit status" in cli("--help").stdout
 
 
 @pytest.mark.gpu
