@@ -107,7 +107,8 @@ def _g(a, b, c, d, x, y):
 def _compress(h0, h1, h2, h3, h4, h5, h6, h7,
               m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
               counter_lo, counter_hi, block_len, flags):
-    """The new chaining value of cv h after message block m (words of the output's first half)."""
+    """The chaining value after block m compressed into cv h: the first 8 words of BLAKE3's
+    compression output (the root's are the digest)."""
     z = tl.zeros_like(h0)
     v0, v1, v2, v3, v4, v5, v6, v7 = h0, h1, h2, h3, h4, h5, h6, h7
     v8, v9, v10, v11 = z + IV[0], z + IV[1], z + IV[2], z + IV[3]
@@ -346,6 +347,6 @@ def blake3_device(raw, key=None):
 
 
 def blake3_digest(raw, key=None):
-    """BLAKE3 of a flat contiguous uint8 tensor computed on its device: the 32 bytes that
-    blake3.blake3(bytes, key=key).digest() returns."""
+    """BLAKE3 of a flat contiguous uint8 tensor computed on its device (a CPU tensor in Triton's
+    interpreter): the 32 bytes that blake3.blake3(bytes, key=key).digest() returns."""
     return bytes(blake3_device(raw, key).cpu().numpy())
