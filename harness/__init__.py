@@ -11,6 +11,8 @@ it needs to keep a hostile candidate at arm's length lives here:
   measure_channel.py   how the parent talks to its workers: one typed parser of every reply (types,
                        ranges, sizes, depth), escaping of candidate text, the exchange folders that
                        carry inputs and outputs, and the workers kept for the next candidate.
+  fingerprint.py       BLAKE3 of a tensor's bytes on its own device (Triton kernels), the very bytes
+                       of the blake3 package: a binding commitment to outputs without a host copy.
 
 docs/MEASUREMENT.md maps each attack on a measurement to its defence here.
 """
