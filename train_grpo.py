@@ -565,7 +565,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
         model, tokenizer = (lm.load_embedded() if args.embedded else
-                            lm.load_model(args.model, device=device, training=True, attention=args.attention))
+                            lm.load_model(args.model, device=device, training=True, attention=args.attention,
+                                          say=lambda line: acc.print(line, file=sys.stderr)))
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
     model = lm.add_lora(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets.split(","),
                         expert_lora=not args.no_expert_lora, device=device,
