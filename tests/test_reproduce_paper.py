@@ -77,12 +77,14 @@ def test_the_report_from_the_hub_datasets_holds_metrics_figures_beside_the_publi
     assert all((out / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
 
-def test_without_the_cache_it_stops_in_one_line_naming_the_command_that_fills_it(tmp_path):
+def test_without_the_cache_it_stops_in_one_line_naming_the_command_that_fills_it(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
     (tmp_path / "hub").mkdir()
-    done = run(tmp_path / "hub", "--out", str(tmp_path / "out"))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "hf download codezakh/gpu-forecasters-eval-set --repo-type dataset" in done.stderr
-    assert not (tmp_path / "out" / "report.md").exists()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty; offline (conftest.py)
+    assert script().main(["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hf download codezakh/gpu-forecasters-eval-set --repo-type dataset" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_published_values_it_compares_with_are_docs_paper_md_s():
