@@ -215,8 +215,11 @@ def _size(n):
 def weights_format(config, *, on_gpu=True, training=False, dequantize=False):
     """One line for start-up messages and memory plans: the format GPT-OSS's experts load in and
     what the weights cost; where MXFP4 is dequantised, why, and what MXFP4 would cost."""
-    dtype, size = ("bf16", 2) if on_gpu else ("fp32", 4)  # load_kwargs' dtypes (a GPU's inference: the checkpoint's)
-    if not mxfp4_checkpoint(config):
+    dtype, size = ("bf16", 2) if on_gpu else ("fp32", 4)  # load_kwargs' dtypes for GPT-OSS
+    if not mxfp4_checkpoint(config):  # a GPU's inference loads the checkpoint's own dtype
+        saved = getattr(config, "dtype", None) if on_gpu and not training else None
+        if isinstance(saved, torch.dtype):
+            dtype, size = str(saved).removeprefix("torch."), saved.itemsize
         return f"weights in {dtype}: {_size(weights_bytes(config, mxfp4=False, dtype_bytes=size))}"
     mxfp4 = weights_bytes(config, mxfp4=True)
     why = mxfp4_fallback(config, on_gpu=on_gpu, training=training, dequantize=dequantize)
