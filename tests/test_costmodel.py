@@ -188,7 +188,11 @@ def test_rows_missing_fields_too_few_rows_and_bad_code_are_refused(tmp_path, cap
     assert train_costmodel.main(["--data", str(few), "--out", str(out)]) == 2
     _one_line_error(capsys, "5 row(s)", "at least 8")
     rows = [json.loads(line) for line in synthetic_rows(tmp_path / "r.jsonl", 10, seed=0).read_text().splitlines()]
-    rows[3]["candidate_code"] = None
+    rows[3]["candidate_code"] = None  # null is missing (a Parquet row of a Hub dataset has null where a line has nothing)
+    (tmp_path / "null.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert train_costmodel.main(["--data", str(tmp_path / "null.jsonl"), "--out", str(out)]) == 2
+    _one_line_error(capsys, "null.jsonl:4: missing field(s) candidate_code")
+    rows[3]["candidate_code"] = 7
     (tmp_path / "null.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert train_costmodel.main(["--data", str(tmp_path / "null.jsonl"), "--out", str(out)]) == 2
     _one_line_error(capsys, "candidate_code must be the kernel's source")

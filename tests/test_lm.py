@@ -44,6 +44,65 @@ def test_gpt_oss_loads_with_flex_attention_on_a_gpu_and_dequantised_for_an_adapt
     assert "quantization_config" not in lm.load_kwargs(gpt_oss_20b_config(), on_gpu=True, dequantize=True)
 
 
+def test_an_mxfp4_checkpoint_loads_on_cpu_dequantised_and_says_so_in_one_line(tmp_path, capsys):
+    """GPT-OSS-20B ships its experts in MXFP4 (issue 39). A tiny checkpoint in that layout, encoded
+    from known bf16 weights, loads here (no GPU: dequantised, in fp32 as everything on a CPU), and
+    the loader says so in one line. Its experts are exactly what the blocks and scales encode, each
+    weight the nearest value its group of 32 can hold (MXFP4's rounding); its logits are those of
+    the bf16 model with its experts so rounded, and differ from the bf16 model's by about as much
+    as the experts' weights do."""
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM
+    folder = tmp_path / "mxfp4"
+    bf16 = tiny_models.save_mxfp4_gpt_oss(folder)
+    model, _ = lm.load_model(str(folder))
+    said = [line for line in capsys.readouterr().err.splitlines() if "MXFP4" in line or "dequantiz" in line]
+    assert said == [f"{folder}: GPT-OSS's experts dequantised from MXFP4 to fp32 (no CUDA GPU): "
+                    f"{lm._size(lm_memory.weights_bytes(model.config, mxfp4=False, dtype_bytes=4))} of weights "
+                    f"instead of {lm._size(lm_memory.weights_bytes(model.config, mxfp4=True))}"]
+    checkpoint = safetensors.torch.load_file(folder / "model.safetensors")
+    rounded = {}
+    for i, layer in enumerate(model.model.layers):
+        for name in tiny_models.MXFP4_EXPERTS:
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            got = getattr(layer.mlp.experts, name).detach()
+            assert got.dtype == torch.float32 and f"{key}_blocks" in checkpoint and key not in checkpoint
+            decoded = tiny_models.mxfp4_decode(checkpoint[f"{key}_blocks"], checkpoint[f"{key}_scales"])
+            assert torch.equal(got, decoded.transpose(1, 2))  # the blocks' low nibble first, the scales' bias 127
+            known = bf16.state_dict()[key].float()
+            error = (got - known).abs()
+            assert (error <= tiny_models.mxfp4_rounding(known.transpose(1, 2)).transpose(1, 2) + 1e-9).all()
+            assert error.max() > 0  # the rounding was exercised
+            rounded[key] = got
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    reference = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+    reference.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
+    with torch.no_grad():
+        logits, exact = model(ids).logits, reference(ids).logits
+        reference.load_state_dict(rounded, strict=False)
+        rounded_logits = reference(ids).logits
+    torch.testing.assert_close(logits, rounded_logits, rtol=0, atol=1e-5)
+    weight_error = max(((rounded[k] - bf16.state_dict()[k].float()).norm() / bf16.state_dict()[k].float().norm()).item()
+                       for k in rounded)
+    assert 0 < ((logits - exact).norm() / exact.norm()).item() < 2 * weight_error
+
+
+def test_mxfp4_stays_mxfp4_only_where_it_can_run_and_every_fallback_is_named(monkeypatch):
+    cfg = gpt_oss_20b_config(quantization_config={"quant_method": "mxfp4"})
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: None)  # a GPU with transformers' MXFP4 kernels
+    assert lm.mxfp4_fallback(cfg) is None and "quantization_config" not in lm.load_kwargs(cfg, on_gpu=True)
+    assert lm.weights_format(cfg) == "GPT-OSS's experts in MXFP4: 13.8 GB of weights"
+    assert lm.weights_format(cfg, dequantize=True) == ("GPT-OSS's experts dequantised from MXFP4 to bf16 (the "
+                                                       "adapter's expert matrices attach to dense expert tensors): "
+                                                       "41.8 GB of weights instead of 13.8 GB")
+    assert lm.mxfp4_fallback(cfg, training=True) == "LoRA training needs the experts as dense tensors"
+    assert lm.mxfp4_fallback(cfg, on_gpu=False) == "no CUDA GPU"
+    monkeypatch.setattr(lm, "mxfp4_problem", lambda: "an old GPU")
+    assert lm.weights_format(cfg).startswith("GPT-OSS's experts dequantised from MXFP4 to bf16 (an old GPU): 41.8 GB")
+    assert lm.mxfp4_fallback(gpt_oss_20b_config()) is None  # a bf16 checkpoint: nothing to dequantise
+    assert lm.weights_format(gpt_oss_20b_config()) == "weights in bf16: 41.8 GB"
+
+
 def test_use_attention_switches_a_model_in_memory():
     model = tiny_models.tiny_gpt_oss()
     assert lm.use_attention(model, "auto").config._attn_implementation == "eager"  # CPU: eager stays

@@ -70,7 +70,8 @@ def test_weights_as_they_load_mxfp4_only_where_transformers_runs_it(monkeypatch)
 
 def test_mxfp4_problem_names_what_transformers_needs(monkeypatch):
     """The installed transformers' own test: here (no GPU) the first thing missing is the GPU; with
-    one, the `kernels` package in the version window transformers names."""
+    one, the `kernels` package in the version window transformers names; with it, the MXFP4 kernels
+    it loads from the Hugging Face Hub, which offline must be in the cache (here they are not)."""
     import torch
     from transformers.utils import import_utils
 
@@ -83,6 +84,9 @@ def test_mxfp4_problem_names_what_transformers_needs(monkeypatch):
     why = lm.mxfp4_problem()
     assert "`kernels`" in why and import_utils.KERNELS_MIN_VERSION in why
     monkeypatch.setattr(import_utils, "is_kernels_available", lambda *a: True)
+    why = lm.mxfp4_problem()
+    assert why.startswith(f"transformers' MXFP4 kernels ({lm.MXFP4_KERNELS}) do not load: ") and "offline" in why
+    monkeypatch.setattr(lm, "mxfp4_kernels_problem", lambda: None)
     assert lm.mxfp4_problem() is None
 
 

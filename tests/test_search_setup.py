@@ -89,12 +89,14 @@ def test_memory_check_plans_gpt_oss_as_it_will_load(tmp_path, monkeypatch):
         f.truncate(13 * gib)  # the checkpoint's size on disk, sparse
     busy = lambda device: (60 * gib, 80 * gib)  # noqa: E731
     monkeypatch.setattr(lm, "mxfp4_problem", lambda: None)
-    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 13.8
+    assert round(search_setup.llm_weights(str(model), False)[0] / 1e9, 1) == 13.8
+    assert search_setup.llm_weights(str(model), False)[1] == "GPT-OSS's experts in MXFP4: 13.8 GB of weights"
     assert search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy) is None
     monkeypatch.setattr(lm, "mxfp4_problem", lambda: "no `kernels` package")
-    assert round(search_setup.llm_weights_bytes(str(model), False) / 1e9, 1) == 41.8
+    assert round(search_setup.llm_weights(str(model), False)[0] / 1e9, 1) == 41.8
     msg = search_setup.gpu_memory_problem("cross_entropy", [str(model)], None, False, mem_get_info=busy)
-    assert msg and "the local LLM needs about 47 GiB" in msg
+    assert msg and "the local LLM needs about 47 GiB (GPT-OSS's experts dequantised from MXFP4 to bf16 (no " \
+        "`kernels` package): 41.8 GB of weights instead of 13.8 GB, and a fifth more)" in msg
 
 
 def test_a_local_llm_gets_a_gpu_of_its_own_when_there_are_several(monkeypatch):
@@ -162,6 +164,24 @@ def test_search_loads_one_model_for_the_mutator_and_the_adapted_forecaster(tiny_
     peft = lm.LM(PeftModel.from_pretrained(fresh, str(adapter_dir)), tok)
     unmerged = peft.next_token_probs(rows, peft.candidate_ids(digits), batch_size=2)
     assert torch.allclose(torch.tensor(adapted), torch.tensor(unmerged), rtol=1e-4, atol=0)
+
+
+def test_the_start_up_lines_name_the_format_a_local_gpt_oss_loads_in(tmp_path, capsys):
+    """Issue 39: the mutator's and the forecaster's start-up lines say which format the local
+    model's experts will load in and what it costs, before anything loads; the load says it again."""
+    import search
+    import search_setup
+    folder = tmp_path / "mxfp4"
+    tiny_models.save_mxfp4_gpt_oss(folder)
+    said = []
+    args = cli.parse(search.Args, ["--task", "cross_entropy", "--model", str(folder), "--unsafe-no-sandbox"])
+    plan = search_setup.plan_search(args, say=said.append)
+    weights = "GPT-OSS's experts dequantised from MXFP4 to fp32 (no CUDA GPU): 0.8 MB of weights instead of 0.2 MB"
+    assert f"mutator: LLM {folder} (local; {weights})" in said
+    assert f"forecaster: {folder} (verbalized read-out) (local; {weights})" in said
+    assert "MXFP4" not in capsys.readouterr().err  # nothing loaded yet
+    plan.mutator.backend.get()
+    assert capsys.readouterr().err.count(f"{folder}: {weights}") == 1
 
 
 def test_search_with_a_server_asks_for_the_served_adapter_by_its_name():

@@ -15,6 +15,10 @@
   GPT-OSS with head size 64 (what vLLM's CPU attention supports) saved beside it.
 - vllm_server(folder, name, ...): a real vLLM (the CPU build) serving a folder on loopback, with
   the serve flags docs/GPU.md gives, stopped with its whole process group on leaving the block.
+- save_mxfp4_gpt_oss(folder): a tiny GPT-OSS checkpoint whose experts are written in the released
+  checkpoint's MXFP4 layout (mxfp4_encode: `*_blocks` and `*_scales`, encoded here from known bf16
+  weights; mxfp4_decode reads them back), with the config's quantization_config, as
+  openai/gpt-oss-20b ships; returns the bf16 model whose weights it encodes.
 """
 import contextlib
 import functools
@@ -63,6 +67,88 @@ def tiny_gpt_oss(vocab_size=512, seed=0, **overrides):
     torch.manual_seed(seed)
     model = GptOssForCausalLM(tiny_gpt_oss_config(vocab_size, **overrides))
     return model.eval()
+
+
+# ---- GPT-OSS's MXFP4 checkpoint layout -----------------------------------------------------------
+# An expert matrix W [experts, out, in] (the transpose of the model's [experts, in, out] parameter) is
+# cut into groups of 32 along `in`. Each group stores one uint8 scale, an e8m0 exponent biased by 127,
+# and 32 e2m1 codes (sign bit, then an index into FP4_MAGNITUDES), two a byte, the even element in
+# the low nibble: `*_blocks` [experts, out, in / 32, 16], `*_scales` [experts, out, in / 32]. The OCP
+# MX rule picks the exponent floor(log2(max |w|)) - 2 (6 = 1.5 * 2^2 is e2m1's largest value) and
+# rounds each w / 2^e to the nearest magnitude, saturating at 6.
+
+FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _mxfp4_groups(w):
+    """(the groups of 32 of w / 2^e, and 2^e per group) under the OCP rule."""
+    import torch
+    g = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - 2, torch.zeros_like(amax))
+    return g / torch.exp2(e), torch.exp2(e)
+
+
+def mxfp4_encode(w):
+    """(blocks uint8 [..., in / 32, 16], scales uint8 [..., in / 32]) of w [..., in], round to nearest."""
+    import torch
+    v, scale = _mxfp4_groups(w)
+    mags = torch.tensor(FP4_MAGNITUDES)
+    index = (v.abs()[..., None] - mags).abs().argmin(-1)
+    code = (index | (((v < 0) & (index > 0)).long() << 3)).to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    return blocks, (torch.log2(scale).squeeze(-1) + 127).to(torch.uint8)
+
+
+def mxfp4_decode(blocks, scales):
+    """The fp32 values [..., in] that blocks and scales encode."""
+    import torch
+    lut = torch.tensor(FP4_MAGNITUDES + tuple(-m for m in FP4_MAGNITUDES))
+    pairs = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], -1)
+    values = pairs.reshape(*blocks.shape[:-1], 32) * torch.exp2(scales.float() - 127)[..., None]
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
+def mxfp4_rounding(w):
+    """Per element of w [..., in], MXFP4's rounding error: the distance from w to the nearest value
+    its group can hold (saturation included)."""
+    import torch
+    v, scale = _mxfp4_groups(w)
+    nearest = (v.abs()[..., None] - torch.tensor(FP4_MAGNITUDES)).abs().amin(-1)
+    return (nearest * scale).reshape(w.shape)
+
+
+MXFP4_EXPERTS = ("gate_up_proj", "down_proj")
+
+
+def save_mxfp4_gpt_oss(folder, seed=0):
+    """A tiny GPT-OSS (tiny_gpt_oss_config, bf16 weights from `seed`) saved as openai/gpt-oss-20b is:
+    safetensors with each layer's expert matrices as MXFP4 blocks and scales (encoded from the bf16
+    weights), every other tensor in bf16, a tokenizer, and the config's quantization_config.
+    Returns the bf16 model the checkpoint encodes (eval mode)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GptOssForCausalLM
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = tiny_gpt_oss_config()
+    model = GptOssForCausalLM(config).to(torch.bfloat16).eval()
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.endswith(tuple(f"experts.{e}" for e in MXFP4_EXPERTS)):
+            tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = mxfp4_encode(t.transpose(1, 2))
+        else:
+            tensors[name] = t.contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    saved = {**config.to_dict(), "dtype": "bfloat16", "quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                             "model.embed_tokens", "lm_head"]}}
+    (folder / "config.json").write_text(json.dumps(saved, indent=1))
+    tiny_tokenizer().save_pretrained(folder)
+    return model
 
 
 @functools.lru_cache(maxsize=None)
