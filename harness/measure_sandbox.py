@@ -251,7 +251,8 @@ def _ancestors(path):
 
 def worker_env(device, tmp):
     """A clean environment: no secrets or settings of the caller's shell reach a worker."""
-    keep = ("LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CC", "CXX")
+    keep = ("LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CC", "CXX",
+            "PYTHONPATH")  # where the parent's interpreter finds its packages (the sandbox binds them: python_paths)
     env = {k: v for k, v in os.environ.items()
            if k in keep or k.startswith("NVIDIA_") or (k.startswith("TRITON_") and k != "TRITON_CACHE_DIR")}
     env.update(HOME=tmp, TMPDIR=tmp, USER="nobody", LOGNAME="nobody",

@@ -74,12 +74,12 @@ def attack(tmp_path):
     attack's KIND constant (malformed_reply.py)."""
     before = _project_digest()
 
-    def run(name, kind=None, **kw):
+    def run(name, kind=None, task=TASK, **kw):
         kw = {"device": "cpu", "quick": True, "use_cache": False, "cache_dir": tmp_path, **kw}
         source = (ATTACKS / f"{name}.py").read_text()
         if kind:
             source = source.replace('KIND = "missing_field"', f"KIND = {kind!r}")
-        m = measure.measure(TASK, source, **kw)
+        m = measure.measure(task, source, **kw)
         deadline = time.monotonic() + 5
         while _pwned_processes() and time.monotonic() < deadline:  # SIGKILLed trees take a moment to go
             time.sleep(0.1)
@@ -432,3 +432,147 @@ def test_the_worker_dies_with_a_parent_killed_by_sigkill():
 def test_a_non_contiguous_output_is_incorrect(attack):
     m = attack("noncontiguous")
     assert m.status == "incorrect" and "non-contiguous" in m.message, m.message
+
+
+# ---- round 3: nothing the candidate's process does moves its verdict ---------------------------
+
+def test_a_leaner_timed_window_is_no_faster_than_the_honest_one(attack):
+    """The candidate's timed window holds the command, the call and the reply: swapping the
+    worker's window for the leanest code that gives the same reply leaves nothing to gain."""
+    m = at_most_honest(attack, "lean_window")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+
+
+def test_housekeeping_between_windows_cannot_run_there(attack):
+    """The sandbox is frozen outside the candidate's windows: a helper thread's housekeeping runs
+    inside them, on the candidate's clock, and no CPU is used outside them at all."""
+    m = at_most_honest(attack, "idle_housekeeping")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+    # What the clock reads as the sandbox freezes (a task's last microseconds before it stops
+    # land just after the window's reading) is all there is: microseconds, where the thread's
+    # housekeeping outside the windows would have been milliseconds.
+    assert sum(c["hidden_ms"] for c in m.cases) < 0.5, [c["hidden_ms"] for c in m.cases]
+
+
+def test_padded_correctness_calls_size_nothing(attack):
+    """Blocks are sized from the timed windows alone, and the warm-up is by time: a candidate
+    that pads exactly its correctness calls still gets full blocks of one-call windows."""
+    m = at_most_honest(attack, "pad_correctness")
+    assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
+    assert all(c["windows"] >= measure.BLOCK_CALLS["cpu"] for c in m.cases), [c["windows"] for c in m.cases]
+
+
+def test_no_call_sees_another_calls_inputs_before_its_own_window(attack):
+    """A call's inputs reach the arena only while both sides are frozen, after the last call's
+    outputs were read: whatever a call finds of other calls' inputs is of calls already done."""
+    m = attack("batch_calls")
+    assert m.status == "ok", m.message
+
+
+def test_an_output_hiding_most_of_its_error_under_atol_is_incorrect(attack):
+    m = attack("zero_below_atol")
+    assert m.status == "incorrect" and "mean absolute error" in m.message, m.message
+
+
+def test_an_output_of_another_dtype_than_the_tasks_is_incorrect(attack):
+    m = attack("fp8_half_output", task="fp8_quant")
+    assert m.status == "incorrect" and "dtype float16, expected float32" in m.message, m.message
+
+
+def test_host_wide_quotas_other_sockets_and_host_proc_views_are_out_of_reach(attack):
+    m = attack("host_quotas")
+    assert m.status == "ok", m.message
+
+
+def test_sibling_processes_are_out_of_reach(attack):
+    m = attack("reach_siblings")
+    assert m.status == "ok", m.message
+
+
+def test_the_import_time_is_the_parents_clock(attack):
+    m = attack("forged_load_reply")
+    assert m.status == "rejected" and "unexpected field" in m.message, m.message
+
+
+@pytest.mark.parametrize("name", ["reuse_freed_result", "poison_expected"])
+def test_attacks_of_the_public_suites_that_need_the_checkers_state_fail(attack, name):
+    """The checker's state is in another process: poisoning what the candidate can reach writes
+    into its read-only inputs (crashed) or nothing that matters (incorrect)."""
+    m = attack(name)
+    assert m.status in ("incorrect", "crashed"), m.message
+
+
+def test_a_parent_whose_worker_parks_and_fills_its_command_pipe_times_out(attack):
+    m = attack("fill_own_stdin", timeout_s=15)
+    assert m.status == "timeout" and m.wall_s < 60, (m.status, m.message, m.wall_s)
+
+
+def test_a_send_into_a_pipe_nobody_reads_ends_at_its_deadline():
+    """The parent's writes to a worker are non-blocking with a deadline: a worker that stops
+    reading costs the parent its deadline, never more."""
+    w = measure_channel.WorkerProcess("candidate", TASK, "cpu", plan=None, memory_bytes=1 << 30)
+    try:
+        w.recv(time.monotonic() + 120, "ready")
+        w.freeze(time.monotonic() + 10)  # reads nothing from now on
+        start = time.monotonic()
+        with pytest.raises(measure_channel.WorkerFailed) as e:
+            w.send_raw(b"x" * (1 << 20), time.monotonic() + 1.0)
+        assert e.value.status == "timeout" and time.monotonic() - start < 5
+    finally:
+        w.kill()
+
+
+def test_a_worker_whose_isolation_fails_stops_before_any_candidate_code(monkeypatch, tmp_path):
+    """Its second filter cannot be loaded (simulated: a program the kernel refuses): the worker
+    stops before it reads a command, and the measurement is the harness's failure, not a verdict
+    on the candidate, which never ran."""
+    measure_channel.release_workers()
+    monkeypatch.setattr(measure_channel, "after_join_filter", lambda: bytes(8))
+    try:
+        with pytest.raises(measure.HarnessError, match="loading the second seccomp filter failed"):
+            measure.measure(TASK, (ATTACKS / "lean_window.py").read_text(), device="cpu", quick=True,
+                            use_cache=False, cache_dir=tmp_path)
+    finally:
+        measure_channel.release_workers()
+
+
+NORMAL_USER = 1234  # any uid but root's and the sandbox's
+
+
+def _as_a_normal_user():
+    """(argv prefix, env) to run this project's Python as a normal user, or None where that cannot
+    be done here (not root, no setpriv, or no interpreter that user may run)."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return None
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    check = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from harness import measure_sandbox as s; s.require_sandbox()"
+    for python in (sys.executable, "/usr/bin/python3"):
+        probe = subprocess.run(["setpriv", f"--reuid={NORMAL_USER}", f"--regid={NORMAL_USER}", "--clear-groups",
+                                python, "-c", check], capture_output=True,
+                               env={**os.environ, "PYTHONPATH": ":".join(site), "HOME": "/tmp"})
+        if probe.returncode == 0:
+            return ["setpriv", f"--reuid={NORMAL_USER}", f"--regid={NORMAL_USER}", "--clear-groups", python], \
+                {"PYTHONPATH": ":".join(site)}
+    return None
+
+
+@pytest.mark.e2e
+def test_as_a_normal_user_a_worker_that_fills_its_own_command_pipe_never_blocks_the_parent(tmp_path):
+    """Run by a normal user, the sandbox's uid is that user outside, who owns the worker's
+    command pipe: the candidate can reopen it and fill it. The parent's write has a deadline."""
+    how = _as_a_normal_user()
+    if how is None:
+        pytest.skip("cannot run this project's Python as a normal user here (root with setpriv, and an "
+                    "interpreter outside a private home, are needed)")
+    prefix, env = how
+    os.chmod(tmp_path, 0o777)
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import measure, json\n"
+            f"m = measure.measure({TASK!r}, open({str(ATTACKS / 'fill_own_stdin.py')!r}).read(), device='cpu', "
+            f"quick=True, use_cache=False, cache_dir={str(tmp_path)!r}, timeout_s=15)\n"
+            "print(json.dumps([m.status, m.wall_s, m.sandbox]))")
+    r = subprocess.run(prefix + ["-c", code], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, **env, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    status, wall_s, sandbox = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "your uid outside" in sandbox and status == "timeout" and wall_s < 60, (status, wall_s, sandbox)

@@ -5,11 +5,11 @@ every process it may. Anything that works is raised as the candidate's error: an
 means every attempt was refused."""
 import importlib
 import os
-import signal
 
 from tasks.cross_entropy import reference
 
 _ct = importlib.import_module("ct" + "ypes")
+_sig = importlib.import_module("sig" + "nal")
 _libc = _ct.CDLL(None, use_errno=True)
 
 
@@ -33,7 +33,7 @@ def _attempts():
         if _libc.process_vm_readv(pid, iov_l, 1, iov_r, 1, 0) >= 0:
             got.append(f"read the memory of {pid}")
     try:
-        os.kill(-1, signal.SIGCONT)  # every process it may signal: only its own sandbox's
+        os.kill(-1, _sig.SIGCONT)  # every process it may signal: only its own sandbox's
     except OSError:
         pass
     return got
