@@ -114,6 +114,7 @@ BLOCK_MS = {"cuda": 20.0, "cpu": 6.0}
 BLOCK_CALLS = {"cuda": 100, "cpu": 8}
 # CPU: each case's inputs are copied, call by call, into one of this many slots of its arena.
 ARENA_SLOTS = 4
+HEX_DIGEST = re.compile(r"[0-9a-f]{64}")  # a BLAKE3 digest as a GPU worker commits to it
 # The physical floor's significance test (apply_floor): standard errors of log time.
 FLOOR_SIGMAS = 4.0
 WARM_S = {"cuda": 0.025, "cpu": 0.15}
@@ -719,55 +720,51 @@ class _Session:
 
     def gpu_pair(self, case, n, verify, timed):
         """GPU: n calls on fresh inputs on both sides, the reference's block and the candidate's
-        in a random order, one call of the candidate's verified (always when `verify`)."""
+        in a random order, each call's seed revealed only once the call before it is committed;
+        one call of the candidate's verified (always when `verify`)."""
         self.last_id += 1
         self.block_id = self.last_id
         seeds = [secrets.randbits(31) for _ in range(n)]
-        keys = dict(a=secrets.randbits(20) | 1, b=secrets.randbits(40))  # a * byte index stays within int64
         cand_first = secrets.randbits(1) if timed else 0
         out = {}
         for side in (("cand", "ref") if cand_first else ("ref", "cand")):
-            out[side] = self.block(side, case, seeds, keys)
-        ref_ms, ref_win, ref_commit = out["ref"]
-        cand_win, commit = out["cand"]
-        self.bytes_per_call[case_str(case)] = self.ref_bytes_per_call
+            out[side] = self.block(side, case, seeds)
+        ref_win, refs = out["ref"]
+        cand_win, cands = out["cand"]
+        ref_ms = [r["ms"] for r in refs]
+        self.bytes_per_call[case_str(case)] = refs[0]["bytes_per_call"]
+        self.ref_peak = max([self.ref_peak] + [r["peak_bytes"] for r in refs])
         if timed:
             self._saw_call(case, "ref", sum(ref_ms) / n)
             self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
-        self.check_commit(case, ref_commit["spec"], commit, n)
+        for ref, cand in zip(refs, cands):
+            self.check_commit(case, ref, cand)
         if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-            self.verify(case, dict(keys, index=secrets.randbelow(n)), ref_commit["spec"], commit, commit["spec"])
+            self.verify(case, secrets.randbelow(n), refs[0]["spec"], cands)
         return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win], cand_first=[bool(cand_first)])
 
-    def block(self, side, case, seeds, keys):
-        """GPU: one side's block and commitment, timed by the parent's wall clock from the command
-        to the commitment (which follows a device synchronisation). The reference: (its per-call
-        ms, window ms, commitment). The candidate: (window ms, commitment); its process is thawed
-        for its block and frozen again right after, so that none of it runs while the
-        reference's block is timed."""
-        cmd = {"id": self.block_id, "op": "block", "case": case, "seeds": seeds}
+    def block(self, side, case, seeds):
+        """GPU: one side's block, timed by the parent's wall clock from its first call's command
+        to its last call's reply (each reply follows the call's digests, read back from the
+        device). Returns (window ms, the calls' replies). The candidate's process is thawed for
+        its block and frozen again right after, so that none of it runs while the reference's
+        block is timed."""
+        cmds = [{"id": self.block_id, "op": "run", "case": case, "index": i, "seed": seed} for i, seed in enumerate(seeds)]
         if side == "ref":
             c0 = self._clock(self.ref)
-            ran = self._ref_call(cmd, "ran")
-            commit = self._ref_call({"id": self.block_id, "op": "commit", **keys}, "committed")
-            window = self._clock(self.ref) - c0
-            ms = ran["ms"]
-            if len(ms) != len(seeds):
-                raise HarnessError("the reference worker's reply lacks its times")
-            self.ref_bytes_per_call = ran["bytes_per_call"]
-            self.ref_peak = max(self.ref_peak, commit["peak_bytes"])
-            return ms, window, commit
+            replies = [self._ref_call(cmd, "ran") for cmd in cmds]
+            return self._clock(self.ref) - c0, replies
         self.cand.thaw()
         c0 = self._clock(self.cand)
-        self.cand.send(cmd, self.deadline)  # a GPU candidate learns its seeds as its block starts
-        ran = self.cand.recv(self.deadline, "ran")
-        self.cand.send({"id": self.block_id, "op": "commit", **keys}, self.deadline)
-        commit = self.cand.recv(self.deadline, "committed")
-        end = self._clock(self.cand)
+        replies = []
+        for cmd in cmds:  # a call's seed leaves only once the call before it is committed
+            self.cand.send(cmd, self.deadline)
+            replies.append(self.cand.recv(self.deadline, "ran"))
+        window = self._clock(self.cand) - c0
         self.cand.freeze(self.deadline)
-        if ran["id"] != self.block_id or commit["id"] != self.block_id:
-            raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
-        return end - c0, commit
+        if any(r["id"] != self.block_id or r["index"] != i for i, r in enumerate(replies)):
+            raise _Outcome("rejected", "the worker broke the measurement protocol (call ids)")
+        return window, replies
 
     def _clock(self, worker):
         """The parent's clock of a worker: on CPU its sandbox's CPU time, on a GPU the wall clock."""
@@ -794,14 +791,17 @@ class _Session:
                 raise _Outcome("incorrect", f"{where}: output[{i}] dtype {got['dtype'].removeprefix('torch.')}, expected "
                                             + " or ".join(d.removeprefix("torch.") for d in allowed))
 
-    def check_commit(self, case, ref_spec, commit, n):
-        """GPU: a block's commitment, its outputs described, against the reference's."""
-        if commit["bad_spec"] is not None:
-            raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(commit['bad_spec'])}")
-        self.check_spec(case, ref_spec, commit["spec"])
-        digests = commit["out_digests"]
-        if digests is None or len(digests) != n or any(len(d) != len(ref_spec) for d in digests):
-            raise _Outcome("rejected", "the worker broke the measurement protocol (fingerprints)")
+    def check_commit(self, case, ref, cand):
+        """GPU: a call's commitment against the reference's for the same seed: its outputs
+        described and digested, and its inputs' digests equal to the reference worker's inputs of
+        that seed (made the same way on the same kind of device): any write into them shows."""
+        where = case_str(case)
+        self.check_spec(case, ref["spec"], cand["spec"])
+        digests = cand["out_digests"]
+        if digests is None or len(digests) != len(ref["spec"]) or not all(HEX_DIGEST.fullmatch(d) for d in digests):
+            raise _Outcome("rejected", "the worker broke the measurement protocol (digests)")
+        if cand["in_digests"] != ref["in_digests"]:
+            raise _Outcome("incorrect", f"{where}: the candidate modified its input tensors")
 
     def _check_later(self, case, j, got, ref_input):
         """CPU: the candidate's outputs of call j (read from its frozen memory: [(dtype, bytes)])
@@ -815,7 +815,7 @@ class _Session:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        cmd = {"id": self.block_id, "op": "check", "path": path, "index": j, "a": 0, "b": 0, "case": case,
+        cmd = {"id": self.block_id, "op": "check", "path": path, "index": j, "case": case,
                "input": ref_input, "dtypes": [d for d, _ in got]}
         try:
             self._ref_later(cmd, "checked", then=self._checked, files=[path, ref_input["path"]])
@@ -825,33 +825,31 @@ class _Session:
         finally:
             self.verify_s += time.perf_counter() - t0
 
-    def verify(self, case, pick, ref_spec, commit, cand_spec):
-        """GPU: the candidate's picked outputs, handed over as bytes, against the reference's:
-        checked by the reference worker with the fingerprint the candidate committed to.
-        `cand_spec`: the picked call's outputs as the candidate described them (check_commit
-        passed them)."""
+    def verify(self, case, j, ref_spec, cands):
+        """GPU: the candidate's call j, its outputs handed over as bytes and checked by the
+        reference worker against the digests the candidate committed to when the call returned,
+        then against the reference's outputs of that call."""
         t0 = time.perf_counter()
         try:
-            where = case_str(case)
-            digests = commit["out_digests"]
+            cand_spec = cands[j]["spec"]
             dtypes = [c["dtype"] for c in cand_spec]
             # Sizes from the trusted side's shapes and the candidate's dtype of each output.
             n = sum(math.prod(r["shape"]) * DTYPE_BYTES[d] for r, d in zip(ref_spec, dtypes))
             _room_for(self.dirs["handover"], n)
             self.cand.thaw()
-            self.cand.send({"id": self.block_id, "op": "handover", **pick}, self.deadline)
+            self.cand.send({"id": self.block_id, "op": "handover", "index": j}, self.deadline)
             header = self.cand.recv(self.deadline, "bytes")
             if header["id"] != self.block_id:
                 raise _Outcome("rejected", "the worker broke the measurement protocol (block ids)")
             if header["n"] != n:
-                raise _Outcome("incorrect", f"{where}: handed over {header['n']} bytes of output; the reference's take {n}")
+                raise _Outcome("incorrect", f"{case_str(case)}: handed over {header['n']} bytes of output; the reference's take {n}")
             path = os.path.join(self.dirs["handover"], f"out-{self.block_id}-{new_token()}.bin")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(self.cand.recv_bytes(n, self.deadline))
             self.cand.freeze(self.deadline)
-            cmd = {"id": self.block_id, "op": "check", "path": path, "out_digest": digests[pick["index"]],
-                   "in_digest": header["in_digest"], "dtypes": dtypes, **pick}
+            cmd = {"id": self.block_id, "op": "check", "path": path, "index": j, "case": case,
+                   "out_digests": cands[j]["out_digests"], "dtypes": dtypes}
             try:
                 self._checked(self._ref_call(cmd, "checked"))
             finally:

@@ -90,10 +90,9 @@ CANDIDATE_REPLIES = {
     "ready": {"role": str, "pid": int},
     "loaded": {},
     "set": {},
-    "ran": {"id": int},
+    "ran": {"id": int, "index": int, "spec": [TENSOR_SPEC], "out_digests": Opt([str]), "in_digests": [str]},
     "called": {"specs": [TENSOR_SPEC], "where": Opt(str)},
-    "committed": {"id": int, "spec": [TENSOR_SPEC], "bad_spec": Opt([TENSOR_SPEC]), "out_digests": Opt([[int]])},
-    "bytes": {"id": int, "n": int, "in_digest": Opt([int])},
+    "bytes": {"id": int, "n": int},
     "error": {"error": str, "message": str},
 }
 REFERENCE_REPLIES = {
@@ -102,8 +101,7 @@ REFERENCE_REPLIES = {
               "allowed_dtypes": Opt([str])},
     "prepared": {"id": int, "layouts": Raw},
     "called": {**CANDIDATE_REPLIES["called"], "bytes_per_call": int},
-    "ran": {"id": int, "ms": [float], "bytes_per_call": int},
-    "committed": {**CANDIDATE_REPLIES["committed"], "peak_bytes": int},
+    "ran": {**CANDIDATE_REPLIES["ran"], "ms": float, "bytes_per_call": int, "peak_bytes": int},
     "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "peak_bytes": Opt(int)},
 }
 # A timed window's reply (measure_worker.Worker.go): where each output is, "<address>:<dtype

@@ -220,8 +220,10 @@ def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
         bind("--ro-bind-try", f"/etc/{etc}", f"/etc/{etc}")
     for path in python_paths():
         bind("--ro-bind", path, path)
-    # The harness's own files, alone: the worker and the task definitions.
+    # The harness's own files, alone: the worker, the digest it computes on a GPU, and the task definitions.
     bind("--ro-bind", WORKER, WORKER)
+    for name in ("__init__.py", "fingerprint.py"):  # the GPU workers' digests (measure_worker.Worker.run)
+        bind("--ro-bind", os.path.join(ROOT, "harness", name), os.path.join(ROOT, "harness", name))
     bind("--ro-bind", os.path.join(ROOT, "tasks"), os.path.join(ROOT, "tasks"))
     if device == "cuda":
         bind("--ro-bind", "/sys", "/sys")  # the driver reads PCI topology and module parameters

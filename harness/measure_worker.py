@@ -1,29 +1,35 @@
 """measure_worker.py: the program on each side of measure.py's trust boundary.
 
-measure.py (the trusted parent) starts this file twice per task, in two roles:
+measure.py (the trusted parent) starts this file in two roles:
 
   reference  trusted. Never loads candidate code. Makes the inputs (on CPU it writes each call's
-             to a file the candidate maps read-only), runs and times the task's PyTorch
-             reference, keeps its outputs, and gives the verdict on the output bytes a candidate
-             handed over (the task's own check, run here), inputs checked unchanged.
-  candidate  untrusted, in its sandbox (measure_sandbox.py). Loads the candidate once, runs
-             `custom_kernel` on the inputs of each window of calls, fingerprints every output
-             before its reply, and hands over the outputs of the call the parent picks afterwards.
+             to a file; the parent copies it into the timed workers' arena), runs the task's
+             PyTorch reference (on a GPU it times it), and gives the verdict on a candidate's
+             output bytes (the task's own check, run here), inputs checked unchanged.
+  candidate  untrusted, in its sandbox (measure_sandbox.py). Loads the candidate once and runs
+             `custom_kernel` one call at a time. On CPU its twin, the reference's timed side, is
+             a worker of this role too that loaded the reference instead (measure.py).
 
-Both roles run the very same code for a window of calls (`call` on CPU, `run_block` and `commit`
-on a GPU), so whatever the harness itself costs inside a window (mapping or making inputs, the L2
-flush, the fingerprint, the pipe) costs both sides alike, and cancels in the parent's comparison
-of the two windows. Nothing the candidate worker says is believed: its time is what the parent's
-own clock saw (the candidate's timer is run, for symmetry, and its figures never sent), its bytes
-are compared with the reference's by the reference worker, and its fingerprints, sent before the
-window closes, prove that the bytes existed inside the window: work cannot be deferred past it.
-On CPU the fingerprint is BLAKE3 (binding whatever the candidate knows); on a GPU, where a copy
-to the host inside the window would dominate it, a byte sum keyed by numbers drawn after the
-calls returned.
+On CPU a window is one call (`go`): the command, the call, a reply that says where the outputs
+are. The parent froze the process before and freezes it after; it reads the clock (the sandbox's
+CPU time) and the outputs' bytes (/proc/<pid>/mem) while the process is frozen. So the
+candidate's process does nothing of the harness in its window that it could do cheaper (no
+inputs to map: `setup` built them over the arena, outside the windows; no copy, fingerprint or
+handover of outputs; no timer but the twin's), nothing of it runs outside its windows, and
+nothing it says enters the verdict but where its outputs are (a lie reads the wrong bytes).
 
-Protocol: one JSON object per line. Commands arrive on stdin; replies leave on a private copy of
-the original stdout; the candidate's own prints go to stderr (the parent keeps a bounded tail).
-Raw output bytes follow a {"op": "bytes", "n": N} line on the same channel.
+On a GPU a window is a block of calls, the parent's wall clock around it; each call is revealed on
+its own (`run`): its inputs are made here from a seed sent with it, and the reply commits to the
+call's outputs and inputs by their BLAKE3 digests, computed on the device (fingerprint.py), before
+the parent sends the next call's seed. The bytes of the call the parent picks afterwards are handed
+over and checked against the digest. Here the harness's own work in a window (making the inputs,
+the L2 flush, the digests) runs in the candidate's process: docs/MEASUREMENT.md says what that
+leaves open.
+
+Protocol: one JSON object per line, but a CPU timed window's command `g<case>,<slot>` and reply
+(measure_channel.parse_where). Commands arrive on stdin; replies leave on a private copy of the
+original stdout; the candidate's own prints go to stderr (the parent keeps a bounded tail). Raw
+output bytes follow a {"op": "bytes", "n": N} line on the same channel (a GPU handover).
 """
 import json
 import math
@@ -37,7 +43,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the projec
 MAX_SOURCE = 1 << 20          # a kernel source larger than 1 MB is not a kernel
 CANDIDATE_FILE = "candidate_kernel.py"  # the candidate's source, in the sandbox's private /tmp
 FLUSH_BYTES = 256 * 2**20     # >= the L2 of any GPU we know: evicts it between calls
-DIGEST_CHUNK = 1 << 24        # bytes per step of the fingerprint (bounded temporaries on the GPU)
 
 
 def case_str(case):
@@ -61,43 +66,6 @@ def tensors_of(x):
     if isinstance(x, dict):
         return [t for k in x for t in tensors_of(x[k])]
     return []
-
-
-def digest(tensors, a, b):
-    """A fingerprint of each tensor's raw bytes, keyed by numbers (a, b). On a CPU: BLAKE3 of the
-    key and the bytes (a cryptographic hash: no other bytes give the same value, so the bytes
-    handed over later are the ones that existed now, key or no key; the CPU path passes 0, 0).
-    It runs inside every timed window, on both sides, so its speed is the noise's: BLAKE3 hashes
-    8 GB/s on one core with AVX-512, SHA-256 2 GB/s even in hardware, and for a small
-    memory-bound kernel SHA-256 took three times the kernel's own time. On a GPU (no copy to the
-    host inside the timed window): the weighted byte sum below. Either way the trusted side
-    recomputes it from the bytes handed over, on the same kind of device."""
-    import blake3
-    import torch
-    out = []
-    for t in tensors:
-        raw = raw_bytes(t)
-        if raw.device.type == "cpu":
-            h = blake3.blake3(a.to_bytes(8, "little") + b.to_bytes(8, "little"))
-            h.update(raw.numpy())
-            out.append(int.from_bytes(h.digest()[:8], "little"))
-        else:
-            out.append(weighted_sum(raw, a, b))
-    return out
-
-
-def weighted_sum(raw, a, b):
-    """sum_i byte_i * w_i, w_i = ((a*i + b) >> 7) & 0xFFFF, over a flat uint8 tensor, on its own
-    device, in chunks (bounded temporaries). Exact integer arithmetic: it does not depend on the
-    order of the sum or on the chunking, and every byte counts."""
-    import torch
-    total = 0
-    for start in range(0, raw.numel(), DIGEST_CHUNK):
-        x = raw[start:start + DIGEST_CHUNK].to(torch.int32)
-        idx = torch.arange(start, start + x.numel(), device=x.device, dtype=torch.int64)
-        w = ((idx * a + b) >> 7) & 0xFFFF
-        total += int((x * w.to(torch.int32)).sum(dtype=torch.int64))  # < 2^8 * 2^16 a term: exact
-    return total
 
 
 # What a kernel that needs a GPU raises when it runs on CPU: torch without a CUDA device (a CPU
@@ -462,65 +430,56 @@ class Worker:
         except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
             return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e, self.device)}"}, None
 
-    def run_block(self, cmd):
-        """GPU: make the block's inputs from the seeds sent with this command, call the kernel on
-        each (timed), synchronise."""
-        case = cmd["case"]
-        self.block = None
-        inputs = [self.task.generate_input(case, s, device=self.device) for s in cmd["seeds"]]
-        # The input tensors each call was given, listed before the call: "modified its inputs"
+    def run(self, cmd):
+        """GPU, both roles: one call of a block, revealed on its own (the parent sends the next
+        call's seed only once this reply is in): make its inputs from `seed`, call the kernel
+        (timed by CUDA events after an L2 flush), and commit to what it returned and to its inputs
+        as they are after the call, before the reply leaves: BLAKE3 of each tensor's bytes,
+        computed on the device (fingerprint.py), read back. A digest is binding: no other bytes
+        give it, so the bytes handed over later are these; no call can wait for the next call's
+        inputs to finish its own; and the inputs' digests, which the reference worker's inputs of
+        the same seed give too, show any write into them."""
+        from harness.fingerprint import blake3_digest
+        if cmd["index"] == 0:
+            self.block = (cmd["id"], cmd["case"], [], [])
+        bid, case, inputs, outs = self._block(cmd)
+        if cmd["index"] != len(outs):
+            raise RuntimeError(f"call {cmd['index']} of block {bid} out of order")
+        data = self.task.generate_input(case, cmd["seed"], device=self.device)
+        # The input tensors the call was given, listed before the call: "modified its inputs"
         # means their values changed; a key a kernel adds to a dict argument (a cache) is not one.
-        given = [tensors_of(x) for x in inputs]
-        outs, ms = self._run(case, inputs)
+        given = tensors_of(data)
+        out, ms = self._run(case, [data])
         if ms is None:
-            return outs  # the kernel's error
-        shared = shared_outputs(outs)
-        if shared:  # each earlier output now holds a later call's answer: name it, not "incorrect"
+            return out  # the kernel's error
+        out = out[0]
+        shared = shared_outputs(outs + [out])
+        if shared:  # an earlier output now holds this call's answer: name it, not "incorrect"
             return {"op": "error", "error": "runtime_error", "message": (
                 f"{case_str(case)}: calls {shared[0]} and {shared[1]} returned the same memory (an output buffer "
                 "reused across calls); on a GPU the harness holds every output of a block of calls until it is "
                 "checked: return a new tensor from each call")}
-        self.block = (cmd["id"], case, given, outs)
-        if self.role != "reference":
-            return {"op": "ran", "id": cmd["id"]}  # a candidate's own times are never read
-        return {"op": "ran", "id": cmd["id"], "ms": ms, "bytes_per_call": bytes_of_call(inputs[0], outs[0])}
-
-    def commit(self, cmd):
-        """Fingerprint the outputs of every call of the block, keyed by numbers the parent drew
-        after the calls returned; describe every output (the parent rejects lazy, non-contiguous
-        or mistyped ones). Which call will be handed over is not known yet: to pass, all of them
-        must hold the right answer now."""
-        bid, _, _, outs = self._block(cmd)
-        if self.device == "cuda":
-            import torch
-            torch.cuda.synchronize()
-        specs = [spec_of(o) for o in outs]
-        bad = next((s for s in specs if not all(x["plain"] and x.get("contiguous") for x in s)), None)
-        reply = {"op": "committed", "id": bid, "spec": specs[0], "bad_spec": bad}
-        if bad is None:
-            reply["out_digests"] = [digest(tensors_of(o), cmd["a"], cmd["b"]) for o in outs]
-        if self.role == "reference":
-            reply["peak_bytes"] = peak_memory_bytes(self.device)
+        inputs.append(given)
+        outs.append(out)
+        spec = spec_of(out)
+        plain = all(x["plain"] and x.get("contiguous") for x in spec)
+        reply = {"op": "ran", "id": bid, "index": cmd["index"], "spec": spec,
+                 "out_digests": [blake3_digest(raw_bytes(t)).hex() for t in tensors_of(out)] if plain else None,
+                 "in_digests": [blake3_digest(raw_bytes(t)).hex() for t in given]}
+        if self.role == "reference":  # a candidate's own times are never read
+            reply.update(ms=ms[0], bytes_per_call=bytes_of_call(data, out), peak_bytes=peak_memory_bytes(self.device))
         return reply
 
     def handover(self, cmd):
-        """The raw bytes of the picked call's outputs, one tensor after the other; on a GPU (inputs
-        made here from seeds) also the fingerprint of that call's inputs as they are now (the
-        reference compares it with the pristine inputs)."""
-        _, _, inputs, outs = self._block(cmd)
-        collect_between_calls()
-        j = cmd["index"]
-        payload = output_bytes(outs[j])
-        reply = {"op": "bytes", "id": cmd["id"], "n": len(payload)}
-        if self.device == "cuda":
-            reply["in_digest"] = digest(inputs[j], cmd["a"], cmd["b"])
-        self.send(reply, payload)
+        """GPU: the raw bytes of the picked call's outputs, one tensor after the other."""
+        _, _, _, outs = self._block(cmd)
+        self.send({"op": "bytes", "id": cmd["id"], "n": len(payload := output_bytes(outs[cmd["index"]]))}, payload)
 
     def check(self, cmd):
         """Reference role: the verdict on a candidate's output bytes for call `index` of the last
         block (in the file at `path`: on a GPU handed over by the candidate, on CPU read by the
         parent from the candidate's frozen process). On a GPU that call ran here on the same inputs
-        (run_block); on CPU, where the timing twin ran the block's reference calls, this worker
+        (run); on CPU, where the timing twin ran the block's reference calls, this worker
         runs the picked call now, untimed, on the input file it wrote (`input`: its path and
         layout)."""
         import torch
@@ -545,26 +504,25 @@ class Worker:
         data = _read_exact(cmd["path"], sum(e.numel() * d.itemsize for e, d in zip(exp_tensors, dtypes)))
         if data is None:
             return {**reply, "message": "handed-over bytes missing or of the wrong size"}
-        got, pos = [], 0
+        got, pos, hexes = [], 0, []
         for e, d in zip(exp_tensors, dtypes):
             n = e.numel() * d.itemsize
             raw = torch.frombuffer(bytearray(data[pos:pos + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+            hexes.append(blake3_hex(raw))
             got.append(raw.view(d).reshape(e.shape).to(e.device))
             pos += n
-        # On a GPU the candidate handed its bytes over itself, after committing to their
-        # fingerprint; on CPU the parent read them from the frozen process (no fingerprint).
-        if cmd.get("out_digest") is not None and digest(got, cmd["a"], cmd["b"]) != cmd["out_digest"]:
+        # On a GPU the candidate handed its bytes over itself, after committing to their BLAKE3
+        # digests (run); on CPU the parent read them from the frozen process (no digest needed).
+        if cmd.get("out_digests") is not None and hexes != cmd["out_digests"]:
             return {**reply, "forged": True,
-                    "message": "handed-over bytes differ from what the worker committed to when its calls returned"}
+                    "message": "handed-over bytes differ from what the worker committed to when its call returned"}
         if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
             pristine = self.prepared[bid][j]
             changed = len(pristine) != len(inputs[j]) or not all(
                 a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw_bytes(a), raw_bytes(b))
                 for a, b in zip(pristine, inputs[j]))
-        else:  # GPU: the candidate's fingerprint of its inputs against ours of the pristine ones
-            changed = digest(inputs[j], cmd["a"], cmd["b"]) != cmd["in_digest"]
-        if changed:
-            return {**reply, "message": f"{case_str(case)}: the candidate modified its input tensors"}
+            if changed:
+                return {**reply, "message": f"{case_str(case)}: the candidate modified its input tensors"}
         candidate = type(expected)(got) if isinstance(expected, (tuple, list)) else got[0]
         try:
             ok, msg = self.task.check(candidate, expected)
@@ -659,6 +617,12 @@ def where(out):
     if isinstance(out, (tuple, list)):
         return b",".join(b"%x:%d" % (t.data_ptr(), _DTYPE_CODE.get(t.dtype, 0)) for t in out)
     return b"%x:%d" % (out.data_ptr(), _DTYPE_CODE.get(out.dtype, 0))
+
+
+def blake3_hex(t):
+    """BLAKE3 of a CPU tensor's bytes, as the GPU workers commit to it (fingerprint.blake3_digest)."""
+    import blake3
+    return blake3.blake3(raw_bytes(t).numpy()).hexdigest()
 
 
 def raw_bytes(t):
@@ -809,7 +773,7 @@ def main():
         gc.disable()
     worker.send(ready)
     handlers = {"load": worker.load, "prepare": worker.prepare, "setup": worker.setup, "call": worker.call,
-                "block": worker.run_block, "commit": worker.commit, "handover": worker.handover, "check": worker.check}
+                "run": worker.run, "handover": worker.handover, "check": worker.check}
     for line in commands(0):
         if line[:1] == b"g":  # a timed window (CPU): nothing but the call between command and reply
             worker.go(line)
@@ -824,7 +788,7 @@ def main():
         except BaseException as e:  # noqa: BLE001 - report, then let the parent decide
             traceback.print_exc()
             if "OutOfMemory" in type(e).__name__ or isinstance(e, MemoryError):
-                # Outside the kernel's own call (the kernel's errors are caught in run_block): the
+                # Outside the kernel's own call (the kernel's errors are caught in _run): the
                 # harness ran out of memory making inputs or fingerprints. Not the kernel's
                 # runtime error; "crashed" results are never cached, so it is measured again.
                 reply = {"op": "error", "error": "crashed",

@@ -180,9 +180,11 @@ MALFORMED = [  # (the command's op, the reply)
     ("ran", b'{"op": "ran", "id": 2.5}'), ("ran", b'{"op": "ran", "id": true}'), ("ran", b"[1, 2, 3]"),
     ("ran", b'"ran"'), ("ran", b""), ("ran", b"\xff\xfe{"), ("ran", b'{"op": "ran", "id": 3, "verdict": "ok"}'),
     ("ran", b'{"op": "checked", "id": 3, "ok": true}'), ("loaded", b'{"op": "loaded", "import_s": -1}'),
-    ("committed", b'{"op": "committed", "id": 3, "spec": {"type": "x"}}'),
-    ("committed", b'{"op": "committed", "id": 3, "spec": [{"type": "Tensor", "plain": "yes"}]}'),
-    ("committed", b'{"op": "committed", "id": 3, "spec": [], "out_digests": [[' + b"1," * 5000 + b"1]]}"),
+    ("ran", b'{"op": "ran", "id": 3, "index": 0, "spec": {"type": "x"}, "in_digests": []}'),
+    ("ran", b'{"op": "ran", "id": 3, "index": 0, "spec": [{"type": "Tensor", "plain": "yes"}], "in_digests": []}'),
+    ("ran", b'{"op": "ran", "id": 3, "index": 0, "spec": [], "in_digests": [' + b'"a",' * 5000 + b'"a"]}'),
+    ("ran", b'{"op": "ran", "id": 3, "index": 0, "spec": [], "in_digests": [], "ms": 0.001}'),  # a time, from a candidate
+    ("called", b'{"op": "called", "specs": [], "where": "0:1", "bytes_per_call": 1}'),
     ("bytes", b'{"op": "bytes", "id": 3, "n": 99999999999999999999}'),
     ("ran", b'{"op": "error", "error": 7, "message": "x"}'),
 ]
@@ -193,6 +195,21 @@ def test_the_typed_parser_turns_every_malformed_reply_into_one_line(op, line):
     with pytest.raises(measure_channel.ProtocolError) as e:
         measure_channel.parse_reply(line, op)
     assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+TIMED_MALFORMED = [b"", b"zz:1", b"7f:1,", b"7f:1 12", b"7f:123", b"7f:1;rm -rf", b"-7f:1", b"7f:1\x1b[31m",
+                   b"1" * 17 + b":1", b",".join([b"7f:1"] * 65), b"7f:1 " + b"9" * 16]
+
+
+@pytest.mark.parametrize("line", TIMED_MALFORMED, ids=range(len(TIMED_MALFORMED)))
+def test_a_timed_windows_reply_is_parsed_as_strictly_and_only_the_twin_may_add_a_time(line):
+    """A timed window's reply is where the outputs are, nothing else: a candidate's reply with a
+    time, or anything but hexadecimal addresses and small dtype codes, is a one-line error."""
+    with pytest.raises(measure_channel.ProtocolError) as e:
+        measure_channel.parse_where(line, trusted=False)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    assert measure_channel.parse_where(b"7f:1,a0:3") == ([(0x7f, 1), (0xa0, 3)], None)
+    assert measure_channel.parse_where(b"7f:1 1234", trusted=True) == ([(0x7f, 1)], 1234)
 
 
 @pytest.mark.parametrize("kind", ["deep", "string_for_number"])  # every kind through the parser above

@@ -1,25 +1,63 @@
-"""Tests of measure_worker.py on its own: the output fingerprint, CUDA's grid limits, the CUDA timer."""
+"""Tests of measure_worker.py on its own: the GPU path's commitments, CUDA's grid limits, the CUDA timer, the twin."""
 import pytest
 
 
-def test_gpu_fingerprint_is_exact_whatever_the_chunking(monkeypatch):
-    """The fingerprint the GPU path commits to (run here on CPU tensors) against big-integer
-    arithmetic: exact, independent of the chunk size, and changed by a single flipped bit."""
-    import numpy as np
-    import torch
+def test_the_gpu_protocol_commits_each_call_and_checks_a_handover_against_its_digest(monkeypatch, tmp_path):
+    """The GPU path's commands, run here on CPU tensors: each call (`run`) makes its inputs from its
+    seed and replies with the BLAKE3 digests of its outputs and of its inputs after the call (the
+    device's digest stood in for by the blake3 package, which fingerprint.py equals: its own
+    tests); the reference worker's input digests of the same seed equal an honest candidate's and
+    differ from those of a candidate that wrote into its inputs; a handover is checked against the
+    committed digests (other bytes: forged) and then against the reference's outputs."""
+    import io
+    import os
 
-    from harness import measure_worker
-    raw = torch.randint(0, 256, (100_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    a, b = (1 << 20) - 1, (1 << 40) - 3
-    w = ((np.arange(raw.numel(), dtype=np.int64) * a + b) >> 7) & 0xFFFF
-    expected = sum(int(x) * int(y) for x, y in zip(raw.tolist(), w.tolist()))
-    assert measure_worker.weighted_sum(raw, a, b) == expected
-    monkeypatch.setattr(measure_worker, "DIGEST_CHUNK", 4096)
-    assert measure_worker.weighted_sum(raw, a, b) == expected
-    i = int(np.flatnonzero(w)[123])
-    flipped = raw.clone()
-    flipped[i] ^= 1
-    assert measure_worker.weighted_sum(flipped, a, b) != expected
+    import blake3
+
+    from harness import fingerprint, measure_worker
+    monkeypatch.setattr(fingerprint, "blake3_digest", lambda raw, key=None: blake3.blake3(raw.numpy()).digest())
+
+    class Timer:  # the CUDA timer's place: the call, and a time
+        def run(self, fn, inputs):
+            return [fn(x) for x in inputs], [0.5 for _ in inputs]
+
+    def worker(role, source=None):
+        out = open(tmp_path / f"{role}-{len(os.listdir(tmp_path))}.out", "wb+")
+        w = measure_worker.Worker(role, "fp8_quant", "cpu", out)
+        w.timer = Timer()
+        if source:
+            assert w.load({"op": "load", "source": source})["op"] == "loaded"
+        return w, out
+
+    ref, _ = worker("reference")
+    honest, out = worker("candidate", "from tasks.fp8_quant import reference\n\ndef custom_kernel(data):\n"
+                                      "    return reference(data)\n")
+    writer, _ = worker("candidate", "from tasks.fp8_quant import reference\n\ndef custom_kernel(data):\n"
+                                    "    result = reference(data)\n    data[0].mul_(2)\n    return result\n")
+    case = ref.task.CPU_CASES[0]
+    calls = [{"op": "run", "id": 7, "case": case, "index": i, "seed": seed} for i, seed in enumerate((11, 12))]
+    refs = [ref.run(c) for c in calls]
+    assert all(r["ms"] == 0.5 and len(r["out_digests"]) == 2 for r in refs)
+    mine = [honest.run(c) for c in calls]
+    assert [m["in_digests"] for m in mine] == [r["in_digests"] for r in refs]
+    assert [m["out_digests"] for m in mine] == [r["out_digests"] for r in refs]  # the same computation
+    assert writer.run(calls[0])["in_digests"] != refs[0]["in_digests"]
+    with pytest.raises(RuntimeError, match="no block 8"):  # a call of a block that did not start with call 0
+        honest.run({**calls[1], "id": 8})
+
+    out.seek(0)
+    out.truncate()
+    honest.handover({"op": "handover", "id": 7, "index": 1})
+    out.seek(0)
+    header, payload = out.read().split(b"\n", 1)
+    path = tmp_path / "handed.bin"
+    path.write_bytes(payload)
+    check = {"op": "check", "id": 7, "index": 1, "case": case, "path": str(path),
+             "out_digests": mine[1]["out_digests"], "dtypes": ["torch.float32", "torch.float32"]}
+    assert ref.check(check)["ok"]
+    path.write_bytes(payload[:-4] + bytes(4))  # other bytes than those committed to
+    verdict = ref.check(check)
+    assert not verdict["ok"] and verdict["forged"]
 
 
 def test_the_cpu_worker_refuses_grids_a_gpu_refuses(monkeypatch):
