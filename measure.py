@@ -326,7 +326,10 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
             pin(ref, ws.spare_cores if beside else ws.core)
             session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline,
                                beside)
-            return session.run(source)
+            result = session.run(source)
+            if ws.closed:  # another thread ended the workers (an interrupted run): no verdict on the candidate
+                raise HarnessError("the measurement was interrupted (its workers were closed)")
+            return result
         except HarnessError:
             ws.drop_reference()  # restart the trusted side once: a transient failure must not stop a search
             if attempt:

@@ -593,3 +593,58 @@ def test_as_a_normal_user_a_worker_that_fills_its_own_command_pipe_never_blocks_
     assert r.returncode == 0, r.stderr[-2000:]
     status, wall_s, sandbox = json.loads(r.stdout.strip().splitlines()[-1])
     assert "your uid outside" in sandbox and status == "timeout" and wall_s < 60, (status, wall_s, sandbox)
+
+
+def test_every_cpu_millisecond_of_the_candidates_sandbox_is_in_a_window_or_charged(attack, monkeypatch):
+    """The accounting, checked against the kernel's own: over each case's timing, the candidate's
+    sandbox's CPU time (its cgroup, or its processes' clocks) equals the sum of its windows and of
+    its time outside them, which is charged to it beyond the twin's (case_times). Here the
+    candidate keeps a thread busy the whole time: it runs only inside its windows."""
+    seen = []
+    time_case, go = measure._Session.time_case, measure._Session._go
+
+    def spy_time_case(self, case):
+        self.windows_seen, start, outside = [], self._clock(self.cand), self.outside_ms["cand"]
+        row = time_case(self, case)
+        seen.append((self._clock(self.cand) - start, sum(self.windows_seen), self.outside_ms["cand"] - outside))
+        return row
+
+    def spy_go(self, side, case_index, slot):
+        where, ns, window = go(self, side, case_index, slot)
+        if side == "cand" and hasattr(self, "windows_seen"):
+            self.windows_seen.append(window)
+        return where, ns, window
+    monkeypatch.setattr(measure._Session, "time_case", spy_time_case)
+    monkeypatch.setattr(measure._Session, "_go", spy_go)
+    m = attack("idle_housekeeping")
+    assert m.status == "ok", m.message
+    for total, windows, outside in seen:
+        assert total == pytest.approx(windows + outside, abs=1e-6), (total, windows, outside)
+        assert outside < 0.05 * total, (total, windows, outside)
+
+
+def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a_verdict(tmp_path):
+    """A Ctrl-C ends a run's workers from the main thread while a measuring thread is inside a
+    measurement: that measurement raises HarnessError (never a verdict that a search would log),
+    and nothing raises anywhere else."""
+    import threading
+    got = []
+
+    def measuring():
+        try:
+            got.append(measure.measure(TASK, (ATTACKS / "lean_window.py").read_text(), device="cpu",
+                                       use_cache=False, cache_dir=tmp_path))
+        except BaseException as e:  # noqa: BLE001 - what the thread ended with is the test's subject
+            got.append(e)
+        finally:
+            measure_channel.release_workers()
+    t = threading.Thread(target=measuring)
+    t.start()
+    time.sleep(6)
+    with measure_channel._ALL_LOCK:
+        sets = list(measure_channel._ALL_SETS)
+    for worker_set in sets:
+        worker_set.close()
+    t.join(120)
+    assert not t.is_alive() and len(got) == 1
+    assert isinstance(got[0], measure.HarnessError) and "interrupted" in str(got[0]), got[0]
