@@ -180,15 +180,14 @@ def test_check_accepts_reference_and_rejects_wrong_outputs(name):
     for i, t in enumerate(exp):
         def swap(new):
             return wrap([new if j == i else u.clone() for j, u in enumerate(exp)])
-        # GPU MODE casts to fp32 before comparing: another dtype is judged on its values alone,
-        # unless the original checker asserts the dtype (cross_entropy's does)
-        if name == "cross_entropy":
-            ok, msg = task.check(swap(t.to(torch.float64)), expected)
-            assert not ok and "dtype" in msg
-            continue
-        assert task.check(swap(t.to(torch.float64)), expected) == (True, "ok")
+        # The reference's dtype, or one the task names because its original's checker accepts it
+        # (trimul: fp16 and bf16, cast to fp32 and compared as GPU MODE does)
+        ok, msg = task.check(swap(t.to(torch.float64)), expected)
+        assert not ok and "dtype" in msg
+        for other in getattr(task, "ALLOWED_OUTPUT_DTYPES", ()):
+            assert task.check(swap(t.to(getattr(torch, other))), expected) == (True, "ok"), other
         if t.dtype == torch.float32:
-            wide = swap(perturb_one(t, t.numel() // 2, 1e4).to(torch.float64))
+            wide = swap(perturb_one(t, t.numel() // 2, 1e4))
             ok, msg = task.check(wide, expected)
             assert not ok and "outside" in msg
         ok, msg = task.check(swap(t.reshape(-1)[:-1].clone()), expected)

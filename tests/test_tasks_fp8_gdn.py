@@ -101,8 +101,9 @@ def test_check_accepts_reference_and_rejects_wrong_outputs(name):
         return tuple(out) if len(out) > 1 else out[0]
 
     last = exp[-1]
-    # GPU MODE's checker compares values, not dtypes: the same values in float64 pass
-    assert task.check(with_last(last.double()), expected)[0]
+    # Exact dtypes: these tasks' contracts name float32, and none names another (only trimul does)
+    ok, message = task.check(with_last(last.double()), expected)
+    assert not ok and "dtype" in message
     assert not task.check(with_last(last[:-1].clone()), expected)[0]
     poisoned = last.clone()
     poisoned.view(-1)[poisoned.numel() // 2] = float("nan")
