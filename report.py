@@ -677,6 +677,8 @@ def _ledger(cfg, log, nodes, mutations, view):
     seed = nodes["seed"]["measurement"]
     all_m = ([seed] if seed else []) + results
     m_seconds = sum(m["seconds"] or 0 for m in all_m)
+    cached = sum(bool(m.get("cached")) for m in all_m)
+    timed, timed_s = len(all_m) - cached, sum(m["seconds"] or 0 for m in all_m if not m.get("cached"))
     f_seconds = sum(m["forecast_seconds"] or 0 for m in mutations.values())
     mut_seconds = sum(m["seconds"] or 0 for m in mutations.values())
     mut_in = sum((n["mutation"] or {}).get("tokens_in") or 0 for n in kids)
@@ -721,16 +723,18 @@ def _ledger(cfg, log, nodes, mutations, view):
         ("seconds measuring", f"{m_seconds:.1f} s ({len(all_m)} measurements, the seed's included)"),
         ("seconds forecasting", f"{f_seconds:.1f} s" if _is_gated(cfg) else "none (no gate)"),
         ("seconds mutating", f"{mut_seconds:.1f} s"),
-        ("mutator tokens in / out", f"{mut_in:,} / {mut_out:,}" if llm_mutator else "none: the catalog mutator is no language model"),
+        ("mutator tokens in / out", f"{mut_in:,} / {mut_out:,}" if llm_mutator
+         else f"none: the {visible(cfg.get('mutator'))} mutator is no language model"),
         ("forecaster tokens in / out", f"{fc_in:,} / {fc_out:,}" if forecasts else "none (no gate)"),
         ("considered per measurement", f"{len(kids) / len(measured):.2f}" if measured else "-"),
-        ("a measurement here", (f"{m_seconds / len(all_m):.1f} s on average, on {device.get('device') or 'an unrecorded device'}"
-                                if all_m else "none yet") + (f"; timer: {device.get('timer')}" if device.get("timer") else "")),
+        ("a measurement here", (f"{timed_s / timed:.1f} s on average, on {device.get('device') or 'an unrecorded device'}"
+                                if timed else "none timed yet")
+         + (f" ({cached} more came from the measurement cache, in no time)" if cached else "")
+         + (f"; timer: {device.get('timer')}" if device.get("timer") else "")),
         ("log", f"{len(log['times'])} events over {_duration(max(times) - min(times)) if times else '0 s'} (first to last)"),
     ]
     if cpu:
-        rows.insert(2, ("times", "CPU times of Triton kernels run by its interpreter on small shapes: they "
-                                 "exercise the machinery and say nothing about GPU speed"))
+        rows.insert(2, ("times", "CPU times (Triton's interpreter, small shapes), not GPU times"))
     return {"rows": [[k, v] for k, v in rows], "cpu": cpu}
 
 
@@ -905,7 +909,7 @@ def tree_figure(view):
                                        line=dict(width=2, color="#e6a100"))))
     ticks = list(range(-int(SPEEDUP_CLIP), int(SPEEDUP_CLIP) + 1))
     labels = [("<=" if t == ticks[0] else ">=" if t == ticks[-1] else "") + f"{2.0 ** t:g}x" for t in ticks]
-    height = int(min(1100, max(360, 26 * row[0] + 120)))
+    height = int(min(1100, max(440, 26 * row[0] + 120)))
     layout = dict(
         height=height, margin=dict(l=10, r=10, t=10, b=40), hovermode="closest", clickmode="event",
         dragmode="pan", plot_bgcolor="white",
@@ -1142,7 +1146,9 @@ PAGE_HTML = """<!DOCTYPE html>
 <div><h3>Best speedup against measurements <span class="sub">(the paper's Figure 4)</span></h3>
 <div id="curve" class="chart"></div>
 <p class="hint">Each dot is a new best kernel, its bar two standard errors of its measurement; a hollow
-dot's gain over its parent is within the noise. Click one to see its node.</p></div>
+dot's gain over its parent is within the noise. Click one to see its node.</p>
+<h3>What the gate skipped: the audit</h3>
+<div id="audit"></div></div>
 </div>
 </section>
 <section>
@@ -1168,8 +1174,6 @@ node.</p>
 <div><h3>Forecast bin against measured bin</h3><div id="confusion" class="chart"></div></div>
 <div><h3>Reliability of the search's forecasts</h3><div id="reliability" class="chart"></div></div>
 </div>
-<h3>What the gate skipped: the audit</h3>
-<p id="audit"></p>
 </section>
 </main>
 <script>{plotly_js}</script>
@@ -1244,7 +1248,7 @@ PAGE_JS = r"""
   }
   const num = (x, d = 3) => (x === null || x === undefined ? "-" : Number(x).toFixed(d));
   const noise = (s) => (s === null || s === undefined ? "" : " \u00b1" + (200 * s).toFixed(1) + "%");
-  const PLOT = { displaylogo: false, responsive: true };
+  const PLOT = { displaylogo: false, responsive: true, displayModeBar: "hover" };
   let D = null, run = 0, byId = new Map();
 
   async function load() {
@@ -1287,9 +1291,13 @@ PAGE_JS = r"""
     watcher.observe($(id));
   }
 
-  function link(id) {
-    const a = el("a", { class: "node-link", href: "#run=" + run + "&node=" + encodeURIComponent(id) }, id);
-    a.addEventListener("click", (ev) => { ev.preventDefault(); showNode(id); });
+  function link(id, k) {  // a node of run k (default: the run shown)
+    const where = k === undefined ? run : k;
+    const a = el("a", { class: "node-link", href: "#run=" + where + "&node=" + encodeURIComponent(id) }, id);
+    a.addEventListener("click", (ev) => {
+      ev.preventDefault();
+      if (where === run) showNode(id); else showRun(where, id);
+    });
     return a;
   }
 
@@ -1300,9 +1308,11 @@ PAGE_JS = r"""
     if (!complete) $("status").classList.add("bad");
     for (const r of D.runs) {
       for (const t of r.state.notes.concat(r.notes)) notes.append(el("li", {}, (D.runs.length > 1 ? r.name + ": " : "") + t));
-      if (r.ledger.cpu) notes.append(el("li", {}, (D.runs.length > 1 ? r.name + ": " : "") +
-        "measured on CPU: times are CPU times of Triton kernels in its interpreter on small shapes, never GPU times"));
     }
+    const cpu = D.runs.filter((r) => r.ledger.cpu).map((r) => r.name);
+    if (cpu.length) notes.append(el("li", {}, (D.runs.length > 1 && cpu.length < D.runs.length ? cpu.join(", ") + ": " : "") +
+      "measured on CPU: the times are CPU times of Triton kernels run by its interpreter on small shapes; they exercise " +
+      "the machinery and say nothing about a GPU's speed"));
   }
 
   function ledger() {
@@ -1337,7 +1347,6 @@ PAGE_JS = r"""
       (r.calibration ? ". " + r.calibration.n + " measured children with a parsed forecast: accuracy " +
         (r.calibration.accuracy === null ? "-" : (100 * r.calibration.accuracy).toFixed(0) + "%") +
         (r.calibration.ece === null ? "" : ", ECE " + num(r.calibration.ece)) : "");
-    $("audit").textContent = r.audit_text;
     const ids = $("node-ids");
     ids.replaceChildren(...r.nodes.map((n) => el("option", { value: n.id })));
     showNode(nodeId && byId.has(nodeId) ? nodeId : r.best || "seed");
@@ -1402,6 +1411,7 @@ PAGE_JS = r"""
       const div = el("div", { id: "forecast-chart" });
       out.push(div);
       requestAnimationFrame(() => {
+        if (!div.isConnected) return;  // another node was shown meanwhile
         const colors = f.probs.map((_, i) => (i + 1 === f.predicted_bin ? "#1f77b4" : "#9ecae1"));
         const lines = f.probs.map((_, i) => (i + 1 === n.measured_bin ? 3 : 0));
         Plotly.react(div, [{
@@ -1514,6 +1524,15 @@ PAGE_JS = r"""
     performance.mark("report:data");
     header();
     ledger();
+    $("audit").replaceChildren(...D.runs.map((r, k) => {
+      const p = el("p", {}, D.runs.length > 1 ? el("b", {}, r.name + ": ") : null, r.audit_text);
+      if (r.audit.miss_nodes && r.audit.miss_nodes.length) {
+        p.append(" Faster than their parent: ");
+        r.audit.miss_nodes.forEach((id, i) => p.append(i ? ", " : "", link(id, k)));
+        p.append(".");
+      }
+      return p;
+    }));
     const curve = plot("curve", D.curve);
     if (curve) curve.on("plotly_click", (ev) => {
       const p = ev.points && ev.points[0];
