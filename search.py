@@ -209,7 +209,7 @@ class Args:
                            "OUT/gated and OUT/ungated and compare them")
     audit: float = flag(0.0, "measure this random fraction (0..1) of the children the gate skips anyway, outside "
                         "the budget, as audits the search never learns from: report.html estimates from them how "
-                        "often the gate skipped a child faster than its parent (its miss rate)")
+                        "often the gate skipped a child faster than its parent (its miss rate)", metavar="F")
     no_progress: bool = flag(False, "no progress bar")
 
 
