@@ -863,12 +863,18 @@ def tree_figure(view):
             y[nid], row[0] = row[0] + w / 2, row[0] + w
     place("seed")  # depth: at most one level a step
     x = {nid: nodes[nid]["step"] + 1 for nid in y}
-    ex, ey = [], []
-    for nid in y:
-        p = nodes[nid]["parent"]
-        if p in y:
-            ex += [x[p], x[p] + 0.5, x[nid], None]  # an elbow: out of the parent, then across
-            ey += [y[p], y[nid], y[nid], None]
+    # every edge an elbow (out of the parent, then across to the child), drawn as one line that walks
+    # the tree and back along each edge: one path for the browser to draw, not one per edge
+    ex, ey = [x["seed"]], [y["seed"]]
+
+    def walk(nid):
+        for c in kids.get(nid, []):
+            ex.extend((x[nid] + 0.5, x[c]))
+            ey.extend((y[c], y[c]))
+            walk(c)
+            ex.extend((x[nid] + 0.5, x[nid]))
+            ey.extend((y[c], y[nid]))
+    walk("seed")
     traces = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbbbbb", width=1),
                    hoverinfo="skip", showlegend=False)]
     path = [nid for nid in y if nodes[nid]["best_path"]]
