@@ -14,7 +14,7 @@ What an older log does not hold (the mutator's prompt, the forecaster's raw answ
 gate had), the page says is not recorded.
 
 The page, and where this file computes it (build_run, top to bottom):
-  - the tree: every child the search considered, under its parent, at the step that made it:
+  - the tree: every child the search considered, under its parent (a generation a column):
     measured ones coloured by speedup, skipped ones marked forecast-only, failed ones crossed;
     archive nodes sized by their PUCT visits (the archive replayed with puct.Archive from the log's
     step records); the path to the best kernel drawn over it;
@@ -843,8 +843,10 @@ def _hover(n):
 
 
 def tree_figure(view):
-    """The tree: x the step that made a node, y a tidy layout (each leaf a row, a parent at the middle
-    of its children; a skipped leaf takes a third of a row), one trace per kind of node."""
+    """The tree: x a node's generation (the seed's children 1, theirs 2, ...; the step that made a
+    node is in its hover and panel: a parent PUCT expands at many steps would otherwise draw its
+    children across the whole width), y a tidy layout (each leaf a row, a parent at the middle of its
+    children; a skipped leaf a third of a row), one trace per kind of node."""
     nodes = {n["id"]: n for n in view["nodes"]}
     kids = {}
     for n in view["nodes"]:
@@ -862,7 +864,10 @@ def tree_figure(view):
             w = 1.0 if nodes[nid]["number"] or nid == "seed" else 1 / 3
             y[nid], row[0] = row[0] + w / 2, row[0] + w
     place("seed")  # depth: at most one level a step
-    x = {nid: nodes[nid]["step"] + 1 for nid in y}
+    x = {"seed": 0}
+    for n in view["nodes"]:  # a parent comes before its children in the view: its x is known
+        if n["id"] in y and n["id"] != "seed":
+            x[n["id"]] = x[n["parent"]] + 1
     # every edge an elbow (out of the parent, then across to the child), drawn as one line that walks
     # the tree and back along each edge: one path for the browser to draw, not one per edge
     ex, ey = [x["seed"]], [y["seed"]]
@@ -919,7 +924,7 @@ def tree_figure(view):
     layout = dict(
         height=height, margin=dict(l=10, r=10, t=10, b=40), hovermode="closest", clickmode="event",
         dragmode="pan", plot_bgcolor="white",
-        xaxis=dict(title="search step (0: the seed)", dtick=1, zeroline=False, gridcolor="#eeeeee",
+        xaxis=dict(title="generation (0: the seed)", dtick=1, zeroline=False, gridcolor="#eeeeee",
                    range=[-0.4, max(x.values()) + 0.4]),
         yaxis=dict(visible=False, autorange="reversed"),
         coloraxis=dict(colorscale=COLORS, cmin=-SPEEDUP_CLIP, cmax=SPEEDUP_CLIP, cmid=0,
@@ -1159,7 +1164,7 @@ dot's gain over its parent is within the noise. Click one to see its node.</p>
 </section>
 <section>
 <h2>The tree <select id="run-picker" hidden></select></h2>
-<p class="hint">Every child the search considered, under its parent, at the step that made it. Filled: measured,
+<p class="hint">Every child the search considered, under its parent, a generation a column. Filled: measured,
 coloured by speedup (faded: within the noise of its parent); hollow: skipped by the gate, known only by its
 forecast; a diamond: skipped but measured by an audit; a cross: failed. Kernels in the archive (those PUCT may
 expand) grow with their visits; the gold line leads to the best kernel. Drag to pan, scroll to zoom, click a
@@ -1255,7 +1260,7 @@ PAGE_JS = r"""
   const num = (x, d = 3) => (x === null || x === undefined ? "-" : Number(x).toFixed(d));
   const noise = (s) => (s === null || s === undefined ? "" : " \u00b1" + (200 * s).toFixed(1) + "%");
   const PLOT = { displaylogo: false, responsive: true, displayModeBar: "hover" };
-  let D = null, run = 0, byId = new Map();
+  let D = null, run = 0, byId = new Map(), where = new Map();
 
   async function load() {
     const text = $("report-data").textContent.trim();
@@ -1344,6 +1349,10 @@ PAGE_JS = r"""
     performance.mark("report:curve");
     const tree = plot("tree", r.figures.tree, { scrollZoom: true });
     performance.mark("report:tree");
+    where = new Map();  // node id -> its place in the tree, to ring the node shown
+    for (const t of r.figures.tree ? r.figures.tree.data : []) {
+      if (t.mode === "markers" && t.customdata) t.customdata.forEach((id, i) => where.set(id, [t.x[i], t.y[i]]));
+    }
     if (tree && !tree.dataset.wired) {
       tree.dataset.wired = "1";
       tree.on("plotly_click", (ev) => { const p = ev.points && ev.points[0]; if (p && p.customdata) showNode(p.customdata); });
@@ -1517,6 +1526,11 @@ PAGE_JS = r"""
             "probabilities are read from the next token" : "not recorded in this log"));
     }
     history.replaceState(null, "", "#run=" + run + "&node=" + encodeURIComponent(n.id));
+    const at = where.get(n.id);
+    if (at && $("tree").data) {
+      Plotly.relayout("tree", { shapes: [{ type: "circle", xref: "x", yref: "y", xsizemode: "pixel", ysizemode: "pixel",
+        xanchor: at[0], yanchor: at[1], x0: -13, x1: 13, y0: -13, y1: 13, line: { color: "#000000", width: 2 } }] });
+    }
   }
 
   function fromHash() {
