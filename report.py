@@ -625,8 +625,12 @@ def _state(folder, log, torn, nodes):
     end, sent = log["end"], sum(1 for n in nodes.values() if n["number"])
     flying = sorted(n["id"] for n in nodes.values() if n["in_flight"])
     lines = []
-    summary = _summary(folder)
-    if end is not None and end.get("measurements") == sent and not flying:
+    summary, seed = _summary(folder), nodes["seed"]["measurement"]
+    if seed is not None and not seed["ok"]:
+        text = (f"stopped: the seed did not measure ok ({seed['status']}: {seed['message'][:200]}); a search "
+                "needs its seed measured first")
+        done = False
+    elif end is not None and end.get("measurements") == sent and not flying:
         text = f"complete: {sent} measurements of a budget of {end.get('budget')}, {end.get('steps')} steps"
         done = True
     elif end is None and not flying and summary.get("measurements") == sent and sent >= (summary.get("budget") or 0) > 0:
@@ -708,7 +712,8 @@ def _ledger(cfg, log, nodes, mutations, view):
         ("protocol, seed", f"{cfg.get('protocol')}, {cfg.get('seed')}"),
         ("best speedup", f"{best['measurement']['speedup']:.3f}x{pct(best['measurement']['noise'])} ({best['id']})"
          if best and best["measurement"] and best["measurement"]["ok"] else "none measured"),
-        ("seed speedup", f"{seed['speedup']:.3f}x{pct(seed['noise'])}" if seed and seed["ok"] else "not measured"),
+        ("seed speedup", f"{seed['speedup']:.3f}x{pct(seed['noise'])}" if seed and seed["ok"]
+         else seed["status"] if seed else "not measured yet"),
         ("candidates proposed", f"{proposed} ({n_failed_mut} failed mutations, {dups} repeats of earlier code)"),
         ("candidates considered", str(len(kids))),
         ("forecast", f"{len(forecasts)} ({sum(f['parse_failed'] and not f['deferred'] for f in forecasts)} did not parse, "

@@ -211,6 +211,17 @@ def test_a_run_still_going_shows_what_is_there(tmp_path):
     assert view["curve"]["points"] == [[0, 1.0], [1, 2.0]]  # the point in flight is not drawn
 
 
+def test_a_run_that_only_began_or_whose_seed_failed_is_drawn_as_such(tmp_path):
+    events = handmade_events()
+    view = report.build_run(write_log(tmp_path / "begun", events[:3]))  # the seed's measurement sent
+    assert view["nodes"][0]["in_flight"] and view["curve"]["points"] == [] and view["best"] is None
+    failed = dict(events[3], payload=measured(None, status="compile_error", message="SyntaxError"))
+    view = report.build_run(write_log(tmp_path / "failed", events[:3] + [failed]))
+    assert view["state"]["text"].startswith("stopped: the seed did not measure ok (compile_error: SyntaxError)")
+    assert ledger(view)["seed speedup"] == "compile_error"
+    assert report.write_report([tmp_path / "begun", tmp_path / "failed"], tmp_path / "both.html").stat().st_size > 0
+
+
 def test_bad_folders_are_one_line_errors_and_write_nothing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     damaged = write_log(tmp_path / "damaged", handmade_events())
