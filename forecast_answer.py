@@ -59,6 +59,7 @@ class Forecast:
     tokens_out: int = 0
     seconds: float = 0.0
     attempts: int = 1             # generations it took (a parse failure can be retried)
+    raw: str = ""                 # the answer as the model wrote it (a search's report shows it)
 
     @property
     def bin_disagrees(self):
@@ -246,7 +247,7 @@ def parse_answer(text):
 def parse_completion(c):
     """parse_answer of a backend Completion, carrying its error, token counts and time."""
     f = failure(c.error) if c.error else parse_answer(c.text)
-    f.tokens_in, f.tokens_out, f.seconds = c.tokens_in, c.tokens_out, c.seconds
+    f.tokens_in, f.tokens_out, f.seconds, f.raw = c.tokens_in, c.tokens_out, c.seconds, c.text or ""
     return f
 
 

@@ -132,20 +132,22 @@ class LLMMutator:
         self.backend, self.description = backend, description
         self.temperature, self.max_new_tokens, self.target_bin = temperature, max_new_tokens, target_bin
 
-    def propose(self, parent, n, seen, key):
-        chat = mutation_messages(self.description, parent.code, parent.info.get("result", {}),
+    def messages(self, parent):
+        """The chat this mutator sends for `parent` (search.py logs it beside the replies)."""
+        return mutation_messages(self.description, parent.code, parent.info.get("result", {}),
                                  parent.info.get("last_failure"), self.target_bin)
-        replies = self.backend.generate([chat] * n, max_new_tokens=self.max_new_tokens,
+
+    def propose(self, parent, n, seen, key):
+        replies = self.backend.generate([self.messages(parent)] * n, max_new_tokens=self.max_new_tokens,
                                         temperature=self.temperature, seed=_int_seed(key))
         out = []
         for r in replies:
             code = extract_code(r.text)
-            meta = {"tokens_in": r.tokens_in, "tokens_out": r.tokens_out}
+            meta = {"tokens_in": r.tokens_in, "tokens_out": r.tokens_out, "reply": r.text or ""}
             if getattr(r, "error", None):  # the backend could not answer (server down, too long)
                 out.append({"code": None, "error": f"generation failed: {r.error}", "meta": meta})
             elif code is None:  # a failed mutation: recorded, never measured
-                out.append({"code": None, "error": "no ```python block in the reply",
-                            "meta": dict(meta, reply_tail=(r.text or "")[-300:])})
+                out.append({"code": None, "error": "no ```python block in the reply", "meta": meta})
             else:
                 out.append({"code": code, "error": None, "meta": meta})
         return out

@@ -37,8 +37,9 @@ measurements.
 
 Outputs in --out: events.jsonl, archive.json, best_kernel.py, summary.json, training_rows.jsonl
 (the paper's RL-pool schema, dataset.py) and best_speedup.png (plots.py), each rewritten
-atomically after every step (records.py). --compare runs the gated and the ungated search
-with the same budget (the paper's Figure 4).
+atomically after every step (records.py), and report.html when the search ends (report.py: the
+search as one page, drawn from events.jsonl alone). --compare runs the gated and the ungated
+search with the same budget (the paper's Figure 4) and draws both on one page.
 
 Decisions this file documents:
   - Budget: --budget counts measurements of *candidates*, counted when sent (so those in flight
@@ -68,10 +69,16 @@ Decisions this file documents:
     LLM mutator is asked to land in the band. It measures every mutation (--gate none).
   - fast_1 in summary.json: the share of measured candidates that were correct and faster than the
     reference (bins.fast_p), the KernelBench measure of a search's candidates.
+  - Audits (--audit F): a live search never learns what its gate skipped. A random fraction F of
+    the skipped children (not those skipped for the budget; a draw fixed by the seed and the
+    child's id, so a rerun audits the same) is measured anyway, outside the budget, and logged as
+    `audit` events that nothing in the search reads: the report estimates the gate's miss rate from
+    them. F is not part of the search's identity: it never changes what the search does.
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -200,6 +207,9 @@ class Args:
                              "<seed> with --compare); rerun with the same --out to resume")
     compare: bool = flag(False, "run the gated and the ungated search with the same budget and seed into "
                            "OUT/gated and OUT/ungated and compare them")
+    audit: float = flag(0.0, "measure this random fraction (0..1) of the children the gate skips anyway, outside "
+                        "the budget, as audits the search never learns from: report.html estimates from them how "
+                        "often the gate skipped a child faster than its parent (its miss rate)", metavar="F")
     no_progress: bool = flag(False, "no progress bar")
 
 
@@ -231,6 +241,8 @@ def parse_args(argv=None):
     for name in ("target_risk", "delta"):
         if not 0 < getattr(args, name) < 1:
             raise SearchError(f"--{name.replace('_', '-')} must be in (0, 1), got {getattr(args, name)}")
+    if not 0 <= args.audit <= 1:
+        raise SearchError(f"--audit is the fraction of skipped children measured anyway, in [0, 1], got {args.audit}")
     if args.parse_retries is not None and args.parse_retries < 0:
         raise SearchError(f"--parse-retries must be at least 0, got {args.parse_retries}")
     if args.costmodel_min_labels < 2:
@@ -324,6 +336,7 @@ class Search:
         self._open_log()                                                    # plumbing: resume
         self.archive = Archive(c=a.c, capacity=a.capacity, keep_children=a.keep_children)
         self.stats, self.labels, self.rows, self.curve, self.in_flight = SearchStats(), [], [], [], []
+        self.audits = []  # measurements of skipped children (--audit): never read by the search
         self._measure_seed()
         self.bar = _progress(a.budget, self.progress)
         for step in range(a.steps):
@@ -337,6 +350,7 @@ class Search:
                 parent, tag = self.archive.nodes[pid], f"s{step}p{k}"
                 if self.llm_waits:
                     self.collect(children)  # plumbing: concurrency (no timing on the LLM's GPU while it computes)
+                    self.wait_audits()
                 cands = self.mutate(parent, step, k, tag)                   # 2. mutate
                 forecasts = self.forecast(cands, step, parent, tag)         # 3. forecast
                 if a.gate == "confidence" and a.threshold is None:
@@ -347,12 +361,17 @@ class Search:
             self.collect(children)                                          # ... and back
             self.update(step, parents, children, t_start)                    # 6. update
         self.bar.close()
+        self.wait_audits()
+        self.log.note("end", "end", None, None, {                           # the report: the run is complete
+            "measurements": self.stats.measurements, "steps": self.stats.steps, "budget": a.budget,
+            "audits": len(self.audits)})
         self._write_outputs(t_start, plot=True)
         self.log.close()                                                    # plumbing: resume
         return self.summary(t_start)
 
     def _measure_seed(self):
         """The seed is the archive's root: the anchor of every forecast, not counted in the budget."""
+        self.log.note("seed", "seed", -1, None, {"code": self.seed_code})  # the report: the root's code
         res = self.logged("measurement", "seed", -1, None, self._send, self.seed_code).result()
         self.stats.measurement_s += res["seconds"]
         m = res["measurement"]
@@ -405,11 +424,33 @@ class Search:
         for reason in skipped.values():
             self.stats.skipped_by_reason[reason] = self.stats.skipped_by_reason.get(reason, 0) + 1
         self.stats.skipped += len(skipped)
+        audited = [j for j, why in sorted(skipped.items()) if why != "budget spent" and self.audited(cands[j][0])]
         self.log.note("selection", f"{tag}/select", step, parent.id, {        # plumbing: resume
             "measure": [cands[j][0] for j in chosen], "threshold": tau,
             "skip": {cands[j][0]: why for j, why in sorted(skipped.items())},
-            **({"forecast_reward": [cands[j][0] for j in trusted]} if self.args.forecast_reward else {})})
+            **({"forecast_reward": [cands[j][0] for j in trusted]} if self.args.forecast_reward else {}),
+            # the report: how many labels the confidence gate had; which skipped children are audited
+            **({"labels": len(self.labels)} if self.args.gate == "confidence" else {}),
+            **({"audit": [cands[j][0] for j in audited], "audit_fraction": self.args.audit} if self.args.audit else {})})
+        self.audit([cands[j] for j in audited], step, parent)
         return chosen, trusted
+
+    def audited(self, cid):
+        """(--audit F) Whether a skipped child is measured anyway: a draw of probability F fixed by
+        the seed and the child's id, so a rerun audits the same children."""
+        return random.Random(f"audit/{self.args.seed}/{cid}").random() < self.args.audit
+
+    def audit(self, cands, step, parent):
+        """(--audit) Measure skipped children anyway, outside the budget, logged as audits. Their
+        results are never labels, training rows, archive nodes or points of the curve: the search
+        decides as it would without them, and only the report reads them (the gate's miss rate)."""
+        for cid, code in cands:
+            self.audits.append(self.logged("audit", cid, step, parent, self._send, code))
+
+    def wait_audits(self):
+        """The audits sent so far have come back (and are logged)."""
+        for result in self.audits:
+            result.result()
 
     def forecast_children(self, trusted, cands, forecasts):
         """(--forecast-reward) The trusted children as archive children whose reward is their
@@ -477,7 +518,7 @@ class Search:
         --out logged it, that result, and the work is not done again (a resume). A measurement
         runs while the search goes on: its result is a Future, logged the moment it arrives."""
         parent_id = parent.id if parent is not None else None
-        if kind == "measurement":
+        if kind in ("measurement", "audit"):
             return self.log.submit(kind, request_id, step, parent_id, lambda: work(*work_args))
         return self.log.call(kind, request_id, step, parent_id, lambda: work(*work_args))
 
@@ -507,7 +548,9 @@ class Search:
     def _mutate(self, parent, step, k):
         started = time.perf_counter()
         cands = self.mutator.propose(parent, self.args.mutations, set(self.seen), f"{self.args.seed}/{step}/{k}")
-        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - started}
+        prompt = self.mutator.messages(parent) if hasattr(self.mutator, "messages") else None  # an LLM's chat
+        return {"candidates": cands, "mutator": self.mutator.name, "seconds": time.perf_counter() - started,
+                **({"prompt": prompt} if prompt else {})}
 
     def _forecast(self, codes):
         started = time.perf_counter()
@@ -531,6 +574,7 @@ class Search:
             "seed_measurements": 1, "candidates_proposed": stats.proposed,
             "candidates_considered": stats.considered, "failed_mutations": stats.failed_mutations,
             "duplicates": stats.duplicates, "forecasts": stats.forecasts, "skipped": stats.skipped,
+            "audits": len(self.audits),
             "forecast_rewards": stats.forecast_rewards,
             "skipped_by_reason": stats.skipped_by_reason, "failed_measurements": stats.failed_measurements,
             "fast_1": bins.fast_p(stats.speedups, 1.0), "target_bin": self.args.target_bin,
@@ -611,7 +655,21 @@ def run_one(args, gate, out, plan, say=print):
                     forecaster_name=plan.forecaster_name if gate != "none" else "",
                     measure_kwargs=plan.measure_kwargs, llm_waits=plan.llm_waits, online=plan.online and gate != "none",
                     progress=not args.no_progress, say=say)
-    return search.run()
+    summary = search.run()
+    write_report([out], Path(out) / "report.html", say)
+    return summary
+
+
+def write_report(runs, path, say=print):
+    """report.html: the search (or searches) as one page, drawn from the run folders (report.py).
+    A page that cannot be drawn leaves the run's other outputs as they are and says how to retry."""
+    import report  # plotly loads only when a page is drawn
+    try:
+        report.write_report(runs, path)
+    except Exception as e:  # noqa: BLE001 - the search's results are written; the page is a view of them
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        say(f"search.py: warning: {path} not written ({first}); retry with: python report.py "
+            + " ".join(str(r) for r in runs) + (f" --out {path}" if len(runs) > 1 else ""))
 
 
 def _report(s):
@@ -636,7 +694,8 @@ def main(argv=None):
                 print(f"{arm:10}{s['candidates_considered']:>12}{s['measurements']:>10}{s['skipped']:>9}"
                       f"{s['best_speedup']:>8.3f}x")
             write_compare(out, results, args.task)
-            print(f"wrote {out / 'compare.png'} and {out / 'compare.json'}")
+            write_report([out / "ungated", out / "gated"], out / "report.html")
+            print(f"wrote {out / 'compare.png'}, {out / 'compare.json'} and {out / 'report.html'}")
         else:
             # a cost-model search gets a folder of its own: the same command with the LLM's is another run
             arm = args.gate + ("-costmodel" if args.forecaster == "costmodel" else "")
@@ -644,7 +703,7 @@ def main(argv=None):
             summary = run_one(args, args.gate, out, plan)
             print(_report(summary))
             print(f"wrote {out}/: events.jsonl archive.json best_kernel.py summary.json "
-                  "training_rows.jsonl best_speedup.png")
+                  "training_rows.jsonl best_speedup.png report.html")
     except (SearchError, SetupError, RecordError, ServerError) as e:  # ServerError: the start-up checks of a --server
         print(f"search.py: error: {e}", file=sys.stderr)
         return 2

@@ -12,8 +12,9 @@ this module is their one home:
    new one, never half of one.
 3. JSON Lines. Files that grow (the event log, prediction rows, a training log) hold one JSON
    object per line and are only appended to. A crash can tear the last line; read_jsonl drops
-   it on request and cuts it off, so the next append starts on a clean line. A corrupt line
-   anywhere else means the file was damaged, and we refuse rather than guess.
+   it on request and cuts it off, so the next append starts on a clean line (read_jsonl_as_is
+   drops it and writes nothing: a reader of a run still going). A corrupt line anywhere else means
+   the file was damaged, and we refuse rather than guess.
 4. The event log of a run: every expensive request and its result, one event per line,
    flushed and fsynced before the run goes on. A rerun replays the run and answers each request
    that has a logged result from the log (search.py is such a run). Requests may run
@@ -69,28 +70,8 @@ def read_jsonl(path, *, cut_torn_tail=False, fix="fix or delete this line"):
     cut_torn_tail, a corrupt *last* line (a write torn by a crash) is dropped instead, and the
     file is cut back to its last good line, ending on a newline, so the next append starts clean.
     """
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise RecordError(f"{path}: cannot read the file ({e.strerror}); check the path") from None
-    out, good_end, pos = [], 0, 0
-    lines = raw.split(b"\n")
-    for n, line in enumerate(lines, 1):
-        end = pos + len(line)
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as e:
-                if cut_torn_tail and not raw[end:].strip():
-                    break
-                problem = f"not valid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) \
-                    else "not UTF-8 text"
-                raise RecordError(f"{path}:{n}: {problem}; {fix}") from None
-            if not isinstance(obj, dict):
-                raise RecordError(f"{path}:{n}: expected one JSON object per line; {fix}")
-            out.append((n, obj))
-        good_end, pos = min(end + 1, len(raw)), end + 1
+    raw = _read_bytes(path)
+    out, good_end, _ = _parse_lines(raw, path, fix, torn_tail_ok=cut_torn_tail)
     if cut_torn_tail and (good_end < len(raw) or (raw and not raw.endswith(b"\n"))):
         with open(path, "r+b") as f:
             f.truncate(good_end)
@@ -98,6 +79,43 @@ def read_jsonl(path, *, cut_torn_tail=False, fix="fix or delete this line"):
                 f.seek(0, 2)
                 f.write(b"\n")
     return out
+
+
+def read_jsonl_as_is(path, *, fix="fix or delete this line"):
+    """(rows, torn) for a reader that must not write to the file (report.py, reading a run that
+    may still be running): rows as read_jsonl's, with a corrupt last line (a write torn by a crash,
+    or still under way) left out and the file left as it is; torn is that line's number, None when
+    the file ends cleanly. A corrupt line before the last raises RecordError."""
+    out, _, torn = _parse_lines(_read_bytes(path), path, fix, torn_tail_ok=True)
+    return out, torn
+
+
+def _read_bytes(path):
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read the file ({e.strerror}); check the path") from None
+
+
+def _parse_lines(raw, path, fix, torn_tail_ok):
+    """(rows, end of the last good line, number of a torn last line or None)."""
+    out, good_end, pos = [], 0, 0
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        end = pos + len(line)
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except (ValueError, UnicodeDecodeError) as e:
+                if torn_tail_ok and not raw[end:].strip():
+                    return out, good_end, n
+                problem = f"not valid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) \
+                    else "not UTF-8 text"
+                raise RecordError(f"{path}:{n}: {problem}; {fix}") from None
+            if not isinstance(obj, dict):
+                raise RecordError(f"{path}:{n}: expected one JSON object per line; {fix}")
+            out.append((n, obj))
+        good_end, pos = min(end + 1, len(raw)), end + 1
+    return out, good_end, None
 
 
 # ---- the event log of a search --------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The project's layout is its architecture: `ls` shows the paper, the folders hold the machinery.
 
 - The top level holds the entry points and the paper's concepts, one module each, and nothing
-  else (about fifteen files).
+  else (about sixteen files).
 - Each folder opens with a docstring that says what its layer is and that a first read may skip it.
 - The import graph has no cycle, counting the imports made inside functions (a cycle hidden in a
   function is still a cycle), and nothing imports an entry point but the entry side (the entry
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("harness", "models", "runtime", "data")
-ENTRY_POINTS = {"search", "forecaster", "measure", "train_grpo", "metrics", "eval_set", "train_costmodel"}
+ENTRY_POINTS = {"search", "forecaster", "measure", "train_grpo", "metrics", "eval_set", "train_costmodel", "report"}
 CONCEPTS = {"bins", "forecast_prompt", "forecast_answer", "gate", "selective", "puct", "mutators", "paper_protocol"}
 ENTRY_SIDE = ENTRY_POINTS | {"search_setup"}
 
@@ -43,7 +43,7 @@ def imports(path, known):
 def test_the_top_level_is_the_entry_points_and_the_concepts():
     top = {p.stem for p in ROOT.glob("*.py")}
     assert top == ENTRY_POINTS | CONCEPTS | {"search_setup"}, top ^ (ENTRY_POINTS | CONCEPTS | {"search_setup"})
-    assert len(top) <= 16
+    assert len(top) <= 17
 
 
 def test_each_folder_says_what_it_is_and_that_a_first_read_may_skip_it():
