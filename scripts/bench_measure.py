@@ -22,6 +22,13 @@ With --aa N it measures each task's own reference as the candidate N times (an A
 speedup is exactly 1) and prints the mean, the range and the worst distance from 1 per task, with
 the noise figure measure.py reported beside each figure; the target is every figure within 5%.
 
+With --attacks N it measures each hostile candidate of tests/attacks/ that computes the honest
+answer (the reference itself, its attack aimed at the harness) against its honest twin, the same
+reference without the attack, the two alternating N times, and prints the ratio of their mean
+figures with its standard error: where the harness holds, each ratio is within the noise of 1.
+
+    python scripts/bench_measure.py --attacks 6
+
 With --against DIR (another checkout of this project, e.g. `git worktree add /tmp/old <commit>`)
 it times what a candidate costs as a user pays it, `python measure.py --candidate K --no-cache`
 as a fresh process, for a fixed workload (each task's seed and first variant), the two checkouts
@@ -62,6 +69,8 @@ def main():
     parser.add_argument("--candidates", type=int, default=8, help="candidates measured per pool size with --workers")
     parser.add_argument("--aa", type=int, metavar="N", help="an A/A test instead: each task's reference measured "
                         "as the candidate N times (true speedup 1)")
+    parser.add_argument("--attacks", type=int, metavar="N", help="each honest-computing attack of tests/attacks/ "
+                        "against its honest twin, alternating N times (cross_entropy)")
     parser.add_argument("--against", metavar="DIR", help="another checkout of this project: the per-candidate "
                         "cost of its measure.py and of this one on a fixed workload, alternating (--repeat rounds)")
     args = parser.parse_args()
@@ -80,6 +89,8 @@ def main():
         return scaling(tasks[0], args)
     if args.aa:
         return a_over_a(tasks, args)
+    if args.attacks:
+        return attacks_against_twins(args)
     if args.against:
         return against(tasks, args)
     if not args.json:
@@ -193,6 +204,46 @@ def a_over_a(tasks, args):
         print(f"{task:<20} {mean(figures):>7.3f} {min(figures):>7.3f} {max(figures):>7.3f} {worst:>7.1%} "
               f"{mean(noises):>7.1%} {mean(walls):>7.1f}  " + " ".join(f"{f:.3f}" for f in figures), flush=True)
     print(f"# worst distance from 1 over all tasks: {worst_all:.1%} ({'within' if worst_all <= 0.05 else 'outside'} 5%)")
+    return 0
+
+
+# The attacks that compute the reference's answer themselves and aim at the harness (its clock,
+# its share of a window, its sizing, its charging), each a cross_entropy candidate: measured
+# against their honest twin, any gain is the harness's.
+HONEST_ATTACKS = ("lean_window", "idle_housekeeping", "pad_correctness", "slow_the_reference", "early_inputs",
+                  "timer_via_gc", "timer_fraction", "work_in_exiting_threads", "batch_calls")
+
+
+def attacks_against_twins(args):
+    """Each of HONEST_ATTACKS against its honest twin (the reference as the candidate), the two
+    measured in turn args.attacks times: the ratio of the attack's mean figure to the twin's,
+    and that ratio's standard error from the two sets' spreads."""
+    attacks = ROOT / "tests" / "attacks"
+    twin = reference_as_candidate("cross_entropy")
+    print(f"# cross_entropy: each attack against its honest twin, alternating, {args.attacks} each"
+          f"{' (--quick)' if args.quick else ''}; where the harness holds, every ratio is within its noise of 1")
+    print(f"{'attack':<26} {'attack':>8} {'twin':>8} {'ratio':>7} {'+- se':>7}  statuses")
+    for name in HONEST_ATTACKS:
+        source = (attacks / f"{name}.py").read_text()
+        got = {"attack": [], "twin": []}
+        statuses = set()
+        for _ in range(args.attacks):
+            for who, src in (("attack", source), ("twin", twin)):
+                m = measure.measure("cross_entropy", src, device=args.device, use_cache=False, quick=args.quick,
+                                    unsafe_no_sandbox=args.unsafe_no_sandbox)
+                statuses.add(m.status)
+                if m.status == "ok":
+                    got[who].append(m.speedup)
+        a, t = got["attack"], got["twin"]
+        if len(a) < 2 or len(t) < 2:
+            print(f"{name:<26} {'-':>8} {'-':>8} {'-':>7} {'-':>7}  {','.join(sorted(statuses))}", flush=True)
+            continue
+        ratio = mean(a) / mean(t)
+        se = ratio * ((statistics.stdev(a) / mean(a)) ** 2 / len(a) + (statistics.stdev(t) / mean(t)) ** 2 / len(t)) ** 0.5
+        if args.json:
+            print(json.dumps({"attack": name, "attack_figures": a, "twin_figures": t, "ratio": ratio, "se": se}))
+            continue
+        print(f"{name:<26} {mean(a):>8.3f} {mean(t):>8.3f} {ratio:>7.3f} {se:>7.3f}  {','.join(sorted(statuses))}", flush=True)
     return 0
 
 
