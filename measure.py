@@ -374,6 +374,7 @@ class _Session:
         # CPU: each case's arena (_arena) and the reference's outputs (shapes and dtypes, from the
         # twin's checked windows) by case.
         self.arenas, self.ref_specs = {}, {}
+        self.twin_clock = None  # CPU: where in the twin's memory its last timed call's time is (Worker.go)
 
     def run(self, source):
         try:
@@ -430,7 +431,7 @@ class _Session:
             self.timed_ref.freeze(time.monotonic() + 60)
         except WorkerFailed as e:
             raise HarnessError(f"the reference's timing twin did not start: {e.message}; {self.timed_ref.log_tail()}") from None
-        self._command("ref", {"op": "load", "reference": self.baseline}, "loaded")
+        self.twin_clock = self._command("ref", {"op": "load", "reference": self.baseline}, "loaded")["clock_at"]
 
     # -- a command to a side that runs only inside its commands ------------------------------------
 
@@ -573,15 +574,19 @@ class _Session:
         try:
             w.thaw()
             w.send_raw(b"g%d,%d\n" % (case_index, slot), self._deadline(side))
-            where, ns = w.recv_where(self._deadline(side))
+            where = w.recv_where(self._deadline(side))
             w.freeze(self._deadline(side))
         except WorkerFailed as e:
             if side == "ref":
                 raise self._ref_failed({"op": "go"}, w, e) from None
             raise
-        if side == "ref" and ns is None:
-            raise HarnessError("the reference's timing twin did not report its call's time")
-        return where, ns, self._leave(side) - c0
+        window = self._leave(side) - c0
+        if side == "cand":
+            return where, None, window
+        raw = self.timed_ref.read_memory(self.twin_clock or 0, 8)  # its call's time, from its frozen memory
+        if raw is None:
+            raise HarnessError("the parent could not read the reference's timing twin's clock")
+        return where, int.from_bytes(raw, "little", signed=True), window
 
     def _checked_window(self, side, case, case_index, slot):
         """CPU: one side's checked window (the correctness calls): the call, and a description of
@@ -601,7 +606,7 @@ class _Session:
                 raise HarnessError("the reference's timing twin returned outputs that are not tensors")
             raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(reply['specs'])}")
         try:
-            where, _ = parse_where(reply["where"].encode())
+            where = parse_where(reply["where"].encode())
         except ValueError as e:
             raise (HarnessError(str(e)) if side == "ref" else _Outcome("rejected", f"the worker broke the measurement protocol: {e}"))
         return where, window

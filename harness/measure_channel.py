@@ -99,27 +99,22 @@ REFERENCE_REPLIES = {
     **CANDIDATE_REPLIES,
     "ready": {"role": str, "pid": int, "cases": Opt(Raw), "min_bytes": Opt([int]), "copy_bandwidth": Opt(float),
               "allowed_dtypes": Opt([str])},
+    "loaded": {"clock_at": Opt(int)},
     "prepared": {"id": int, "layouts": Raw},
     "called": {**CANDIDATE_REPLIES["called"], "bytes_per_call": int},
     "ran": {**CANDIDATE_REPLIES["ran"], "ms": float, "bytes_per_call": int, "peak_bytes": int},
     "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "peak_bytes": Opt(int)},
 }
 # A timed window's reply (measure_worker.Worker.go): where each output is, "<address>:<dtype
-# code>" in hex and decimal, comma-separated; the twin adds " <ns>", its call's wall time.
+# code>" in hex and decimal, comma-separated; the same from the twin and the candidate.
 WHERE = re.compile(rb"[0-9a-f]{1,16}:[0-9]{1,2}(?:,[0-9a-f]{1,16}:[0-9]{1,2}){0,63}")
-TIMED_NS = re.compile(rb" ([0-9]{1,15})")
 
 
-def parse_where(text, trusted=False):
-    """A timed reply (bytes, without its newline) as ([(address, dtype code)], the twin's ns or
-    None), or a ProtocolError. Only a trusted worker's reply may carry a time."""
-    m = WHERE.match(text)
-    rest = text[m.end():] if m else b""
-    t = TIMED_NS.fullmatch(rest) if rest else None
-    if m is None or (rest and (t is None or not trusted)):
+def parse_where(text):
+    """A timed reply (bytes, without its newline) as [(address, dtype code)], or a ProtocolError."""
+    if WHERE.fullmatch(text) is None:
         raise ProtocolError(f"a malformed timed reply: {printable(text[:80].decode('utf-8', 'replace'))}")
-    outs = [(int(a, 16), int(c)) for a, c in (x.split(b":") for x in m.group(0).split(b","))]
-    return outs, (int(t.group(1)) if t else None)
+    return [(int(a, 16), int(c)) for a, c in (x.split(b":") for x in text.split(b","))]
 
 
 class ProtocolError(ValueError):
@@ -290,8 +285,8 @@ class WorkerProcess:
         return msg
 
     def recv_where(self, deadline):
-        """A timed window's reply (parse_where): where the call's outputs are and, from the twin,
-        its call's time; a JSON line there is the kernel's error, raised as WorkerFailed."""
+        """A timed window's reply (parse_where): where the call's outputs are; a JSON line there
+        is the kernel's error, raised as WorkerFailed."""
         self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
         if b"\n" not in self.buf[:MAX_LINE + 1]:
             raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
@@ -300,7 +295,7 @@ class WorkerProcess:
             self.recv(deadline, "error")  # raises: the kernel's error, or a reply out of place
         self.buf = bytearray(rest)
         try:
-            return parse_where(line, trusted=self.trusted)
+            return parse_where(line)
         except ProtocolError as e:
             raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
 

@@ -31,6 +31,7 @@ Protocol: one JSON object per line, but a CPU timed window's command `g<case>,<s
 original stdout; the candidate's own prints go to stderr (the parent keeps a bounded tail). Raw
 output bytes follow a {"op": "bytes", "n": N} line on the same channel (a GPU handover).
 """
+import array
 import json
 import math
 import os
@@ -277,6 +278,7 @@ class Worker:
         self.prepared = {}  # reference, CPU: block id -> each call's input tensors, as generated
         self.arenas, self.views = {}, {}  # CPU: arena path -> its mapping; case index -> inputs per slot
         self.held = None  # CPU: the last window's outputs, alive until the parent has read them
+        self.clock = array.array("q", [0])  # CPU: the last timed call's wall ns (go), where the parent reads it
         self.reply_fd = out.fileno() if hasattr(out, "name") else None  # a real file (tests pass a BytesIO)
 
     def reference_fn(self, baseline):
@@ -302,7 +304,7 @@ class Worker:
         import importlib.util
         if cmd.get("reference"):  # the timing twin (measure.py): this task's reference, not a file
             self.fn, self.reports_times = self.reference_fn(cmd["reference"]), True
-            return {"op": "loaded"}
+            return {"op": "loaded", "clock_at": self.clock.buffer_info()[0]}  # where its calls' times are
         source = cmd["source"]
         if len(source) > MAX_SOURCE:
             return {"op": "error", "error": "compile_error", "message": "candidate source over 1 MB"}
@@ -399,23 +401,19 @@ class Worker:
         freezes it again after the reply; it reads the clock and the outputs' bytes while the
         process is frozen. So everything the candidate's process does from the command to the
         reply is its time, and nothing of the harness runs in it that a candidate could make
-        cheaper: reading the command, the call, where its outputs are, writing the reply. The
-        twin (reports_times) also times its call with the wall clock, a vDSO read (tens of
-        nanoseconds) on either side of it, for the reference's time per call."""
+        cheaper: reading the command, the call, where its outputs are, writing the reply. Both
+        sides also time the call with the wall clock, two vDSO reads (tens of nanoseconds), into
+        `self.clock`: the parent reads the twin's from its frozen memory, for the reference's
+        time per call, and never the candidate's (the same code on both sides, the same reply)."""
         self.held = None  # the last window's outputs, read by the parent: freed now, in the window
         case_index, slot = line[1:].split(b",")
         data = self.views[int(case_index)][int(slot)]
         try:
-            if self.reports_times:
-                t0 = time.perf_counter_ns()
-                out = self.fn(data)
-                ns = time.perf_counter_ns() - t0
-                self.held = out
-                os.write(self.reply_fd, b"%s %d\n" % (where(out), ns))
-            else:
-                out = self.fn(data)
-                self.held = out
-                os.write(self.reply_fd, where(out) + b"\n")
+            t0 = time.perf_counter_ns()
+            out = self.fn(data)
+            self.clock[0] = time.perf_counter_ns() - t0
+            self.held = out
+            os.write(self.reply_fd, where(out) + b"\n")
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - the kernel's error, or outputs that are not tensors
