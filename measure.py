@@ -6,49 +6,51 @@ feeds this file code that an LLM wrote and that reinforcement learning rewards f
 gets through. So the harness treats a candidate as hostile, and nothing the verdict rests on comes
 from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence and its test):
 
-  parent (this file)       draws the seeds, picks which calls to verify, owns the clock, decides
-                           the status, writes the cache. It never imports, unpickles or runs
-                           candidate code, and reads the workers' replies with a typed parser.
+  parent (this file)       draws the seeds, picks which calls to verify, owns the clock, reads the
+                           timed workers' outputs from their frozen memory, decides the status,
+                           writes the cache. It never imports, unpickles or runs candidate code,
+                           and reads the workers' replies with a typed parser.
   reference worker         trusted, never loads a candidate: makes the inputs, checks the
                            candidate's output bytes against the reference's for the same inputs,
                            and on a GPU runs and times the reference (measure_worker.py).
   timing twin (CPU)        trusted: a fresh worker started with the candidate's, exactly as it is
-                           (same role, sandbox, limits, address layout, hash seed, input paths),
-                           that loads the reference and gets the candidate's commands. Its windows
-                           are the reference's side: a process's speed follows its history and its
+                           (same role, sandbox, limits, address layout, hash seed, arenas), that
+                           loads the reference and gets the candidate's commands. Its windows are
+                           the reference's side: a process's speed follows its history and its
                            start, and the twin's are the candidate's (both allocate with jemalloc:
                            under glibc the allocation history alone set a process's speed).
   candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
-                           own cgroup): loads the candidate, runs it on the same inputs, hands
-                           bytes over when asked. Its own timer is never read.
+                           own cgroup), frozen except inside its commands: loads the candidate and
+                           runs it one call at a time. Nothing it says is believed but where its
+                           outputs are (CPU) or its digests (GPU).
 
 The measurement, one candidate:
 1. Load. A fresh sandboxed worker imports the candidate. Only then does the parent draw seeds, so
    nothing computed at import can know an input.
 2. Correctness. Two seeds of every timed case and one of every extra check case, each run on both
-   sides; the candidate's outputs must be plain contiguous tensors of the reference's dtype, shape
-   and device, its inputs unchanged, its values within the task's tolerance of the reference's.
-3. Timing, case by case, in windows of a few calls on fresh inputs, the reference's window and
-   the candidate's on the same inputs one after the other, in a random order. The inputs are the
-   trusted side's: on CPU the reference worker writes each call's to a file that the candidate
-   maps read-only, linked where it can see it only as its window starts (the twin's likewise, in
-   a folder of its own); on a GPU the candidate
-   makes them from seeds it learns as its block starts. Before a window's reply leaves, the
-   candidate fingerprints every call's outputs (on a GPU with numbers drawn after the calls
-   returned), and afterwards the parent picks a call whose bytes the reference worker checks
-   against that fingerprint and its own outputs (a call of every block on CPU, of a random
-   quarter on a GPU). Work cannot be deferred past a window, and garbage risks detection.
+   sides; the candidate's outputs must be plain contiguous tensors of the reference's dtype (or
+   one the task allows), shape and device, its inputs unchanged, its values within the task's
+   tolerance of the reference's.
+3. Timing, case by case, each call on fresh inputs on both sides, the reference's window and the
+   candidate's one after the other, in a random order. On CPU a window is one call: the side is
+   thawed, calls the kernel on inputs the parent copied into its arena while both sides were
+   frozen, replies where its outputs are, and is frozen again; the parent reads the outputs'
+   bytes from the frozen process. On a GPU a window is a block of calls, each call's seed sent
+   only once the call before it replied with the BLAKE3 digests (computed on the device) of its
+   outputs and inputs. After a block the parent picks a call whose bytes the reference worker
+   checks against its own outputs (a call of every block on CPU, of a random quarter on a GPU,
+   handed over against the digest). No call sees another's inputs, no work can be deferred past
+   a window, and garbage risks detection.
 4. The clock is the parent's. A window's time is what the parent saw around it: on CPU the CPU
    time of the sandbox's cgroup (every thread and process the candidate ever started, reaped or
-   not) from the window's command to its reply; on a GPU the wall clock from the block's command
-   to its fingerprint, which follows a device synchronisation. Both sides of a comparison run on
-   one CPU core. The reference's time per call is the lower quartile of its own (trusted) timer
-   (on CPU the twin's);
-   the candidate's is that plus the median over pairs of its window less the reference's (per
-   order within the pair, averaged), in which the harness's share of a window, the machine's
-   drift and the warmth the first side leaves the second cancel. On CPU, the CPU time the
-   candidate's sandbox used between its windows beyond what the reference's did is charged to
-   it. Noise: a bootstrap over the pairs; a speedup within twice that of 1.0 says so.
+   not) between its thaw and its freeze; on a GPU the wall clock from the block's first command
+   to its last reply. Both sides of a comparison run on one CPU core. The reference's time per
+   call is the lower quartile of its own (trusted) timer (on CPU the twin's); the candidate's is
+   that plus the median over pairs of its window less the reference's (per order within the
+   pair, averaged), in which the harness's share of a window, the machine's drift and the warmth
+   the first side leaves the second cancel. On CPU, whatever the candidate's sandbox used between
+   its windows (it is frozen there) beyond what the twin's did is charged to it. Noise: a
+   bootstrap over the pairs; a speedup within twice that of 1.0 says so.
 5. Plausibility. On a GPU, a time below the task's unavoidable memory traffic (`min_bytes`) at the
    device's bandwidth is impossible: rejected when it is below by more than the noise, clamped to
    the floor when within it (apply_floor); a speedup above CONFIRM_SPEEDUP is measured again in a
@@ -92,9 +94,8 @@ PEAK_BANDWIDTH = [("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12)
 # Above this speedup a second, fresh measurement is taken and the slower of the two stands: an
 # extraordinary claim should not rest on one run of a noisy machine.
 CONFIRM_SPEEDUP = {"cuda": 10.0, "cpu": 10.0}
-# Bytes per element of the dtypes an output may have. GPU MODE casts an output to fp32 before its
-# tolerance check, so a dtype other than the reference's is no failure in itself (tasks/_check.py
-# decides on the values); the parent sizes the handover from the shape and this table.
+# Bytes per element of the dtypes an output may have (the reference's, or one its task allows):
+# the parent sizes what it reads, or what a GPU worker hands over, from the shape and this table.
 DTYPE_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2,
                "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
                "torch.float8_e5m2fnuz": 1, "torch.int64": 8, "torch.int32": 4, "torch.int16": 2,
