@@ -922,10 +922,12 @@ class _Session:
         a millisecond or more per block on a GPU) stays small beside what it measures. Only the
         timed windows' times count, seen by the parent's clock (the candidate's) or the twin's own
         (the reference's): a candidate that pads its calls makes its blocks shorter, and more of
-        its calls checked."""
+        its calls checked. Before any timed window of the case has been seen: one call."""
+        if (case_str(case), "cand") not in self.call_ms:
+            return 1  # the case's first timed pair: nothing seen yet, so the least block
         per_call_bytes = max(1, self.bytes_per_call.get(case_str(case), 1))
         ref_call = self.call_ms.get((case_str(case), "ref"), 1.0)
-        cand_call = self.call_ms.get((case_str(case), "cand"), ref_call)
+        cand_call = self.call_ms[(case_str(case), "cand")]
         if self.device == "cpu":
             call_ms = max(ref_call, cand_call)
         else:
