@@ -339,6 +339,21 @@ def parse_args(argv=None):
                    parse_retries=protocol.parse_retries if args.parse_retries is None else args.parse_retries)
 
 
+def _cannot_run(source, path):
+    """Why a candidate's source could not be measured as it stands (it does not compile, or defines
+    neither entry point), in a few words; None when it could."""
+    import ast
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as e:
+        return f"{path}, line {e.lineno}: {e.msg}: the candidate does not compile"
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if not defined & {"custom_kernel", "ModelNew"}:
+        return f"{path} defines neither custom_kernel(data) nor class ModelNew"
+    return None
+
+
 def main(argv=None, backend=None):
     try:
         args = parse_args(argv)
@@ -358,6 +373,10 @@ def main(argv=None, backend=None):
                 reference = Path(args.reference).read_text() if args.reference else reference_source(args.task)
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
+            problem = _cannot_run(candidate, args.candidate)
+            if problem:  # still forecast: a forecast of broken code is the user's to ask for, but said so
+                print(f"warning: {problem}, so measure.py would fail it before timing anything; the forecast "
+                      "below is of a kernel that cannot run", file=sys.stderr)
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
         if args.costmodel:  # the trees replace the language model: no backend, no prompt
