@@ -560,6 +560,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
     max_new = args.votes if args.answer_format == "votes" else args.max_new_tokens
+    if device.type == "cpu":  # the resident memory is then what the tensors hold (lm_memory.py), not twice it
+        lm_memory.tensors_back_to_the_system()
     if model is None:
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
