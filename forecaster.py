@@ -224,7 +224,8 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
     todo = [(r, k) for k in range(repeats) for r in rows if (r["row_id"], k) not in done]
     # a task's rows together: a batch then shares one prompt prefix (forecast_pairs groups by it)
     todo.sort(key=lambda rk: (rk[1], rk[0]["pack"], rk[0]["anchor_code"]))
-    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not progress, desc="forecast", unit="row") as bar:
+    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not (progress and cli.progress_bars()),
+                                          desc="forecast", unit="row") as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
             for k in sorted({k for _, k in chunk}):

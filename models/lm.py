@@ -276,9 +276,11 @@ def _gguf_read_once():
     tokenizer (each ~10 s on two CPU cores: 49k vocabulary strings, one numpy view at a time) and
     rebuilds gguf's tensor-name table for each of the 272 tensors (~13 s in all). Within one
     conversion each is the same every time, so each is made once (38 s of CPU became 11 s here,
-    the logits unchanged)."""
+    the logits unchanged). Its progress bar, which ignores transformers' switch for bars, draws on
+    a terminal only (tqdm's disable=None), as the project's own bars do (runtime/cli.py)."""
     import gguf
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    from transformers import modeling_gguf_pytorch_utils as conversion
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, conversion.tqdm
     readers = {}
 
     def reader(path, mode="r"):
@@ -287,10 +289,11 @@ def _gguf_read_once():
             readers[key] = saved[0](path, mode)
         return readers[key]
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(saved[1])
+    conversion.tqdm = functools.partial(saved[2], disable=None)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+        gguf.GGUFReader, gguf.get_tensor_name_map, conversion.tqdm = saved
 
 
 def load_adapter(model, adapter):
