@@ -19,8 +19,8 @@ peak resident memory is what a laptop must hold (every prompt holds two whole ke
 tokens). Measured 2026-12-04 on the 2-core Intel Xeon (24 GiB) the README's figures come from, on
 the 9 rows of that search: 2.6 GB at its peak, every run (the training pass, whose activations
 and glibc's handling of them lm.checkpoint_mlps, prefix_attention.py and
-lm_memory.tensors_back_to_the_system bring down); before them, the same command held 6.3 GB, 4.9
-to 6.3 from run to run. Wall time 76 s against 55 s before (the price of memory handed back to
+lm_memory.tensors_back_to_the_system bring down); before them, the same command held 6.2 and 6.3 GB
+in two runs. Wall time 76 s against 54 s before (the price of memory handed back to
 the system and taken again, lm_memory.py).
 
 Each run is its own process (peak memory and the accelerate state are per process). The first step
