@@ -224,7 +224,8 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
     todo = [(r, k) for k in range(repeats) for r in rows if (r["row_id"], k) not in done]
     # a task's rows together: a batch then shares one prompt prefix (forecast_pairs groups by it)
     todo.sort(key=lambda rk: (rk[1], rk[0]["pack"], rk[0]["anchor_code"]))
-    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not progress, desc="forecast", unit="row") as bar:
+    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not (progress and cli.progress_bars()),
+                                          desc="forecast", unit="row") as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
             for k in sorted({k for _, k in chunk}):
@@ -341,6 +342,21 @@ def parse_args(argv=None):
                    parse_retries=protocol.parse_retries if args.parse_retries is None else args.parse_retries)
 
 
+def _cannot_run(source, path):
+    """Why a candidate's source could not be measured as it stands (it does not compile, or defines
+    neither entry point), in a few words; None when it could."""
+    import ast
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as e:
+        return f"{path}, line {e.lineno}: {e.msg}: the candidate does not compile"
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if not defined & {"custom_kernel", "ModelNew"}:
+        return f"{path} defines neither custom_kernel(data) nor class ModelNew"
+    return None
+
+
 def main(argv=None, backend=None):
     try:
         args = parse_args(argv)
@@ -360,6 +376,10 @@ def main(argv=None, backend=None):
                 reference = Path(args.reference).read_text() if args.reference else reference_source(args.task)
             except OSError as e:
                 raise ValueError(f"cannot read kernel file {e.filename}: {e.strerror}")
+            problem = _cannot_run(candidate, args.candidate)
+            if problem:  # still forecast: a forecast of broken code is the user's to ask for, but said so
+                print(f"warning: {problem}, so measure.py would fail it before timing anything; the forecast "
+                      "below is of a kernel that cannot run", file=sys.stderr)
         gate = Gate(args.gate_score, args.threshold)
         t0 = time.perf_counter()
         if args.costmodel:  # the trees replace the language model: no backend, no prompt

@@ -337,13 +337,13 @@ def _paper_line(label, s):
 
 def format_side_by_side(reports, protocol="ours"):
     """Several forecasters' overall scores in one table (e.g. an LLM and the cost model on one
-    set of rows), a row each, the name cut to the column and listed below in full."""
+    set of rows), a row each; a name too long for the column is cut there and given in full below."""
     lines = _header("side by side, overall")
     for k, (name, rep) in enumerate(reports.items(), 1):
         label = f"{k}. {name}"[:19]
         lines.append(_line(label, rep) if protocol == "ours" else _paper_line(label, rep["overall"]))
-    lines += [f"  {k}. {name}" for k, name in enumerate(reports, 1)]
-    return "\n".join(lines)
+    cut = [f"  {k}. {name}" for k, name in enumerate(reports, 1) if len(f"{k}. {name}") > 19]
+    return "\n".join(lines + (["names in full:"] + cut if cut else []))
 
 
 def format_report(name, rep):
@@ -405,7 +405,7 @@ class Args:
                          "original's definitions (the stated bin, its AURC and selective risk; docs/FIDELITY.md), "
                          "to reproduce the paper's tables", choices=PROTOCOLS)
     plots: str | None = flag(None, "write PNG plots (reliability, risk-coverage, speedup recovered) into DIR; the "
-                             "risk-coverage legend's AURC is this project's definition", metavar="DIR")
+                             "risk-coverage curves and their AURC follow --protocol, as the table does", metavar="DIR")
     json: bool = flag(False, "print one JSON object instead of tables (a single forecaster's report, or "
                       "{\"forecasters\": {name: report}}), with the protocol used")
     bin_rule: str | None = flag(None, "which bin is scored under --protocol ours: the argmax of the probabilities "
@@ -446,7 +446,7 @@ def main(argv=None):
     if args.plots:
         from data import plots  # matplotlib only when plots are asked for
         try:
-            plots.write_plots(groups, reports, args.plots)
+            plots.write_plots(groups, reports, args.plots, protocol=args.protocol)
         except OSError as e:
             print(f"error: cannot write plots to {args.plots} ({e}); pass a writable folder",
                   file=sys.stderr)

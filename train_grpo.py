@@ -89,7 +89,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import bins
 import metrics
@@ -99,7 +98,7 @@ from forecast_answer import DIGITS, Forecast, failure, parse_answer
 from forecast_prompt import answer_tools, build_messages, hardware_info, row_hardware
 from models import lm, lm_memory
 from models.forecaster_backends import OpenAIServerBackend, ServerError
-from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, prompt_kv
+from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, no_grad, prompt_kv
 from paper_protocol import PROTOCOLS
 from runtime import cli
 from runtime.cli import flag
@@ -168,8 +167,10 @@ class Args:
     no_memory_check: bool = flag(False, "skip the start-up check that the weights and a micro-batch fit in the "
                                  "GPU's free memory (beside a --server on the same GPU, say; docs/GPU.md)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm")
-    no_gradient_checkpointing: bool = flag(False, "faster on a GPU, more memory; lets the training pass "
-                                           "share each prompt's forward too (a checkpointed layer drops caches)")
+    no_gradient_checkpointing: bool = flag(False, "keep every activation for the backward pass instead of "
+                                           "recomputing: faster, more memory (on a GPU whole layers are "
+                                           "recomputed, and a group's samples then cannot share their prompt's "
+                                           "forward; on a CPU only the MLPs, lm.checkpoint_mlps)")
     no_prefix_cache: bool = flag(False, "run every sample's prompt forward separately (by default the G samples "
                                  "of a group share one, in generation and the log-prob passes); for comparison")
     share_min_tokens: int = flag(1024, "the G samples share a prompt forward when (G - 1) x its tokens reach this "
@@ -282,6 +283,7 @@ def group_advantages(rewards, scale_std=False):
     A = r - group mean (divided by the group's sample std with scale_std). A group whose rewards
     are all equal has A = 0 everywhere and is marked dropped.
     """
+    import torch
     r = torch.as_tensor(rewards, dtype=torch.float64)
     keep = r.max(dim=1).values > r.min(dim=1).values
     adv = r - r.mean(dim=1, keepdim=True)
@@ -301,6 +303,7 @@ def grpo_loss(logp, old_logp, advantages, mask, n_tokens, clip_eps=0.2, ref_logp
     importance weights of samples drawn on a server). Returns (loss, stats) where loss = sum over
     this micro-batch's tokens / n_tokens.
     """
+    import torch
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.to(logp.dtype)[:, None]
@@ -373,6 +376,7 @@ def training_memory_problem(free, total, *, weights, step, loaded=False, device=
 def check_training_memory(args, device, *, config=None, prompt_tokens=0, max_new=None, loaded=False):
     """training_memory_problem for this process's GPU (ValueError), before the weights load (from
     the model's config: lm.weights_on_load) and again after them with the prompts' real length."""
+    import torch
     if device.type != "cuda" or args.no_memory_check:
         return
     if config is None:
@@ -429,16 +433,17 @@ class MicroBatch:
     samples: list                  # B sample dicts (grpo_sampling.sample_groups), each with its `adv`
     batch: Batch
     prompt: tuple                  # the first sample's prompt token ids (with shared prompts, every sample's)
-    adv: torch.Tensor              # (B,) group advantages
-    old_logp: torch.Tensor | None = None  # (B, Tc) log-probs under the policy that sampled them
-    ref_logp: torch.Tensor | None = None  # (B, Tc) under the base model (adapter off), for the KL term
-    weights: torch.Tensor | None = None   # (B, Tc) truncated importance weights of a server's samples
+    adv: "torch.Tensor"                     # (B,) group advantages
+    old_logp: "torch.Tensor | None" = None  # (B, Tc) log-probs under the policy that sampled them
+    ref_logp: "torch.Tensor | None" = None  # (B, Tc) under the base model (adapter off), for the KL term
+    weights: "torch.Tensor | None" = None   # (B, Tc) truncated importance weights of a server's samples
 
 
 def make_micro_batches(acc, kept, filler, args, share, pad_id, device):
     """The kept samples in micro-batches of --micro-batch-size, and the step's completion-token
     count over all processes (grpo_loss's normaliser). With shared prompts a micro-batch never
     mixes groups, so that one prompt forward serves each (share_prompts)."""
+    import torch
     G, size = args.group_size, args.micro_batch_size
     if share:
         split = [kept[g + j:g + min(j + size, G)] for g in range(0, len(kept), G) for j in range(0, G, size)]
@@ -467,6 +472,7 @@ def share_prompts(model, micro_batches, share, *, reference=False, sync=None):
     gradient, and after the run's last micro-batch one backward sends it through the prompt's
     forward (lm.backward_prompt): the same gradient. sync(is_last): the context in which a
     micro-batch's forward and backward run, its prompt's with it (DDP: grpo_ddp.sync_context)."""
+    import torch
     grad = torch.is_grad_enabled()
     for j, mb in enumerate(micro_batches):
         is_last = j == len(micro_batches) - 1
@@ -486,7 +492,7 @@ def share_prompts(model, micro_batches, share, *, reference=False, sync=None):
                 backward_prompt(kv, prefix)
 
 
-@torch.no_grad()
+@no_grad
 def old_logprobs(model, micro_batches, args, allowed, share, tis):
     """GRPO's behaviour policy: log pi_old of every sampled token, recorded before any update, so
     that the ratio of the --ppo-epochs steps is pi / pi_old (and 1 on the first); with --kl-coef
@@ -543,6 +549,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     prompt_fn (row -> prompt token ids) and parse (text -> Forecast) default to the forecaster's
     prompt and parser; tests inject a synthetic pair. model/tokenizer: a base model in memory
     instead of --model (an adapter is added to it)."""
+    import torch
     from accelerate import Accelerator
     from tqdm import tqdm
     acc = Accelerator()  # plumbing (DDP): one process per GPU under accelerate launch
@@ -561,6 +568,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         raise ValueError(f"{out} already holds a run; pass --resume or choose another --out")
     acc.print(f"protocol: {args.protocol} ({PROTOCOL_SAYS[args.protocol]}; docs/FIDELITY.md)", file=sys.stderr)
     max_new = args.votes if args.answer_format == "votes" else args.max_new_tokens
+    if device.type == "cpu":  # the resident memory is then what the tensors hold (lm_memory.py), not twice it
+        lm_memory.tensors_back_to_the_system()
     if model is None:
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
@@ -600,7 +609,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     served = args.model  # the model the server samples from: the base, or the adapter it last loaded
     tis = server is not None and args.tis_cap > 0  # weight the server's samples by min(pi / pi_server, C)
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
-               disable=not acc.is_main_process)
+               disable=not (acc.is_main_process and cli.progress_bars()))
     for step in bar:
         t0 = time.perf_counter()  # plumbing (logging)
         if device.type == "cuda":  # plumbing (logging)

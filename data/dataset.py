@@ -264,8 +264,9 @@ def _our_row(obj, where, bin_rule):
     probs = raw = stated = None
     if not failed and not deferred:
         if obj.get("probs") is None:
-            _fail(where, "missing field 'probs' (8 probabilities); set parse_failed: true if the "
-                         "answer could not be parsed")
+            _fail(where, "no forecast: give 'probs' (8 probabilities, this project's rows) or "
+                         "'bin_probabilities' with 'comparison_id' (the paper's published rows); set "
+                         "parse_failed: true if the answer could not be parsed")
         probs, raw = _probs_field(obj["probs"], where, "probs")
         if is_finite_number(obj.get("raw_sum")):
             raw = obj["raw_sum"]  # the parser's sum before it renormalised

@@ -3,7 +3,8 @@
 For a forecaster (`python metrics.py PRED.jsonl --plots DIR`), three PNGs:
 - reliability diagram: accuracy against stated confidence (max-prob) in 10 equal-width buckets,
   with each bucket's row count, the diagonal being perfect calibration;
-- risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin); a good
+- risk-coverage: one curve per confidence score (max-prob, negative entropy, top-2 margin) with
+  its AURC, by the definition of the table metrics.py prints beside it (--protocol); a good
   selective forecaster keeps risk low while it trusts most rows;
 - speedup recovered against the measurement budget, with the exact random-ranking baseline.
 scripts/reproduce_paper.py adds the paper protocol's risk-coverage curves of several forecasters
@@ -75,17 +76,29 @@ def draw_reliability(ax, rows, title=""):
     ax.legend(loc="upper left", fontsize=8)
 
 
-def plot_risk_coverage(rows, path, title=""):
+def plot_risk_coverage(rows, path, title="", protocol="ours"):
+    """The risk-coverage curve of each confidence score and its AURC, by the protocol's definition,
+    the one metrics.py's table gives beside it: this project's (selective.aurc: the curve extended
+    flat to coverage 0) or, with protocol "paper", the original's (paper_protocol.aurc: the
+    covered range only). The two differ, by much on a few rows."""
+    import paper_protocol
     correct = [r["probs"] is not None and hit(r["predicted_bin"], r["true_bin"]) for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     for kind in CONFIDENCE_KINDS:
-        confs = [row_confidence(r, kind) for r in rows]
-        _, cov, risk = risk_coverage(confs, correct)
+        if protocol == "paper":
+            points = sorted((c, r) for _, c, r in paper_protocol.curve(rows, kind) if r is not None)
+            cov, risk = [c for c, _ in points], [r for _, r in points]
+            area = paper_protocol.aurc(paper_protocol.curve(rows, kind))
+        else:
+            confs = [row_confidence(r, kind) for r in rows]
+            _, cov, risk = risk_coverage(confs, correct)
+            area = aurc(confs, correct)
         if len(cov):
             ax.plot(cov, risk, marker="o", ms=3,  # straight segments: the trapezoid AURC integrates
-                    label=f"{kind} (AURC {aurc(confs, correct):.3f})")
+                    label=f"{kind} (AURC {'-' if area is None else f'{area:.3f}'})")
+    which = "the original's AURC (--protocol paper)" if protocol == "paper" else "this project's AURC"
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
-           ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage")
+           ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage, {which}")
     ax.legend(fontsize=8)
     _save(fig, path)
 
@@ -144,15 +157,17 @@ def plot_precision_recall(discovery, path, title="discovery moments"):
     _save(fig, path)
 
 
-def write_plots(groups, reports, folder):
-    """groups: {forecaster: rows}; reports: {forecaster: metrics.report(rows)}. Returns the paths."""
+def write_plots(groups, reports, folder, protocol="ours"):
+    """groups: {forecaster: rows}; reports: {forecaster: metrics.report(rows)}; protocol: whose AURC
+    the risk-coverage plots give (the table's). Returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, rows in groups.items():
-        for kind, fn in (("reliability", plot_reliability), ("risk_coverage", plot_risk_coverage)):
-            paths.append(folder / f"{_slug(name)}_{kind}.png")
-            fn(rows, paths[-1], title=name)
+        paths.append(folder / f"{_slug(name)}_reliability.png")
+        plot_reliability(rows, paths[-1], title=name)
+        paths.append(folder / f"{_slug(name)}_risk_coverage.png")
+        plot_risk_coverage(rows, paths[-1], title=name, protocol=protocol)
     paths.append(folder / "speedup_recovered.png")
     plot_speedup_recovered(reports, paths[-1])
     return paths

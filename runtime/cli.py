@@ -10,7 +10,9 @@ keywords are kept in the field's metadata for the command's own use. --help show
 default (but not None's or a switch's), and a bad flag is one line of error, not a usage dump.
 
 Parsing also refuses a machine whose NVIDIA driver torch cannot use (check_cuda): the project
-would otherwise run silently at CPU scale on a GPU machine.
+would otherwise run silently at CPU scale on a GPU machine. A command imports this module before
+its others: a Ctrl-C while they load (torch takes seconds) is then one line, as a Ctrl-C in its
+main() is, not a traceback of whichever import it fell in.
 """
 import argparse
 import dataclasses
@@ -23,6 +25,18 @@ from pathlib import Path
 NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")  # present where the NVIDIA kernel driver is loaded
 # torch 2.13's Linux wheel on PyPI is built for CUDA 13.0, which needs a 580-series driver or newer
 CUDA_DRIVER_NEEDED = {"13": 580, "12": 525}
+
+
+def _interrupted_while_loading(kind, value, traceback):
+    """sys.excepthook: a Ctrl-C that no main() caught (it came while the command's modules loaded)
+    is one line; Python then ends the process as interrupted (SIGINT). Anything else is Python's."""
+    if issubclass(kind, KeyboardInterrupt):
+        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, value, traceback)
+
+
+sys.excepthook = _interrupted_while_loading
 
 
 def flag(default, help, *, choices=None, required=False, metavar=None, positional=False, group=None, **meta):
@@ -108,10 +122,25 @@ def check_cuda():
         sys.exit(2)
 
 
+def progress_bars():
+    """Whether a command draws progress bars: only on a terminal. Into a log or a pipe a bar writes
+    control characters (carriage returns; the cursor-up escapes of a bar drawn under another), so
+    there no bar is drawn, the libraries' neither (huggingface_hub's switch, which transformers
+    follows: loading and converting a model draw bars of their own)."""
+    if sys.stderr.isatty():
+        return True
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported already: it read the switch then
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    return False
+
+
 def parse(settings, argv=None, *, gpu=True):
     """The settings dataclass `settings` read from argv (sys.argv[1:] when None); then, for a
-    command that may run on a GPU (gpu=True), check_cuda."""
+    command that may run on a GPU (gpu=True), check_cuda; and the libraries' progress bars off
+    where stderr is not a terminal (progress_bars)."""
     args = settings(**vars(parser(settings).parse_args(argv)))
     if gpu:
         check_cuda()
+    progress_bars()
     return args

@@ -16,13 +16,13 @@ import warnings
 from dataclasses import asdict
 
 import numpy as np
-import torch
 
 from data.records import read_jsonl, write_atomic
 
 
 def seed_everything(seed, step, rank):
     """Every step's randomness is a function of (seed, step, process): resuming needs only the step."""
+    import torch
     s = int(np.random.SeedSequence([seed, step + 1, rank]).generate_state(1)[0])
     random.seed(s)
     np.random.seed(s)
@@ -32,6 +32,7 @@ def seed_everything(seed, step, rank):
 def save_checkpoint(accelerator, model, optimizer, step, out, args):
     """OUT/checkpoint-NNNNNN/: the adapter (peft format), optimiser state and the step. Written to
     a temporary folder and renamed, so a crash never leaves half a checkpoint."""
+    import torch
     if accelerator.is_main_process:
         final, tmp = out / f"checkpoint-{step:06d}", out / f".tmp-checkpoint-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -46,6 +47,7 @@ def save_checkpoint(accelerator, model, optimizer, step, out, args):
 
 def load_checkpoint(model, optimizer, out, args):
     """Restore the latest checkpoint in OUT into model and optimiser; returns its step."""
+    import torch
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
     found = sorted(out.glob("checkpoint-*"))

@@ -15,7 +15,6 @@ With one process every function is the identity of the single-process loop.
 """
 import contextlib
 
-import torch
 
 
 def my_share(acc, rows):
@@ -26,6 +25,7 @@ def my_share(acc, rows):
 def balance_micro_batches(acc, micro_batches, filler):
     """(completion tokens of the whole step over all processes, micro-batches padded with
     zero-weight `filler` ones): DDP needs the same number of backward passes on every process."""
+    import torch
     local = torch.tensor([sum(len(s["completion"]) for mb in micro_batches for s in mb), len(micro_batches)],
                          device=acc.device)
     n_tokens = int(acc.reduce(local[:1].clone(), "sum"))
@@ -36,6 +36,7 @@ def balance_micro_batches(acc, micro_batches, filler):
 def filler_mask(samples, completion_mask):
     """The completion mask [B, Tc] of a micro-batch of `samples`: zeros for a filler one
     (balance_micro_batches), whose backward pass then adds nothing to the gradient or the loss."""
+    import torch
     return torch.zeros_like(completion_mask) if samples[0].get("filler") else completion_mask
 
 
@@ -58,6 +59,7 @@ def average_gradients(acc, params, share):
 def step_record(acc, step, totals, kept_groups, groups, n_tokens, loss, clipped, kl, args, tis=(0.0, 0.0)):
     """The step's log line: sums over processes, then means. tis: (the importance weights' sum, the
     capped tokens' count) over this process's completion tokens; logged with --server."""
+    import torch
     keys = ["n", "reward", "parsed", "correct", "brier", "crps", "kept", "groups", "loss", "clipped", "kl",
             "tis_weight", "tis_capped"]
     vals = [totals[k] for k in keys[:6]] + [kept_groups, groups, loss, clipped, kl, *tis]

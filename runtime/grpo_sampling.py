@@ -30,7 +30,6 @@ import contextlib
 import math
 import time
 
-import torch
 
 
 def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size, allowed=None,
@@ -42,6 +41,7 @@ def sample_groups(policy, prompts, G, *, temperature, max_new_tokens, batch_size
     the G completions are sampled there instead, by `served_model` (the adapter last loaded into it,
     or the base model). sampler_logp: with server and sampler_logprobs, the server's log-prob of
     each completion token (None for a token it gave none for); else None."""
+    import torch
     flat = [p for p in prompts for _ in range(G)]
     if server is not None:
         t0 = time.perf_counter()
@@ -68,6 +68,7 @@ def importance_weights(old_logp, sampler_logp, mask, cap):
     """Truncated importance weights [B, T] of samples drawn on a server: min(exp(old_logp -
     sampler_logp), cap), without gradient; 1 where mask is 0 or the server's log-prob is unknown
     (NaN: a stop token appended locally). old_logp: the policy's log-probs at sampling time."""
+    import torch
     log_ratio = old_logp.detach().float() - sampler_logp
     known = (mask > 0) & ~torch.isnan(log_ratio)
     return torch.where(known, log_ratio.clamp(max=math.log(cap)).exp(), 1.0)
@@ -75,6 +76,7 @@ def importance_weights(old_logp, sampler_logp, mask, cap):
 
 def sampler_logprobs_batch(samples, width, device):
     """The samples' `sampler_logp` as [B, width], lm.collate's completion columns; NaN where unknown."""
+    import torch
     out = torch.full((len(samples), width), float("nan"))
     for i, s in enumerate(samples):
         out[i, :len(s["completion"])] = torch.tensor([math.nan if x is None else x for x in s["sampler_logp"]])

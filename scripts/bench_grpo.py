@@ -12,10 +12,21 @@ step costs, and every sample gets a reward. With --gpu-answer-format json the mo
 give it enough --gpu-max-new-tokens, or every completion is truncated, every reward is 0, every
 group is dropped and no backward pass runs; such a row is labelled and the script exits 1.
 
+With --cpu-data ROWS (the training rows of the README's CPU search, runs/cross_entropy-topk-0/
+training_rows.jsonl): the README's CPU command itself, `train_grpo.py --embedded --answer-format
+votes --steps 2 --prompts-per-step 1 --group-size 4 --eval-fraction 0.25 --eval-samples 1`, whose
+peak resident memory is what a laptop must hold (every prompt holds two whole kernels, ~3,300
+tokens). Measured 2026-12-04 on the 2-core Intel Xeon (24 GiB) the README's figures come from, on
+the 9 rows of that search: 2.6 GB at its peak, every run (the training pass, whose activations
+and glibc's handling of them lm.checkpoint_mlps, prefix_attention.py and
+lm_memory.tensors_back_to_the_system bring down); before them, the same command held 6.2 and 6.3 GB
+in two runs. Wall time 76 s against 54 s before (the price of memory handed back to
+the system and taken again, lm_memory.py).
+
 Each run is its own process (peak memory and the accelerate state are per process). The first step
 is a warm-up and is not counted. Prints one table row per run with the machine name.
 
-    python scripts/bench_grpo.py [--steps 4] [--gpu-model openai/gpt-oss-20b --gpu-data rows.jsonl]
+    python scripts/bench_grpo.py [--steps 4] [--cpu-data rows.jsonl] [--gpu-model openai/gpt-oss-20b --gpu-data rows.jsonl]
 """
 import argparse
 import json
@@ -73,6 +84,24 @@ def bench_tiny(steps, folder, forced_sharing=False):
                      result["log"])
 
 
+README_CPU = ["--embedded", "--reward", "brier", "--answer-format", "votes", "--steps", "2", "--prompts-per-step", "1",
+              "--group-size", "4", "--eval-fraction", "0.25", "--eval-samples", "1"]
+
+
+def bench_readme(args, folder):
+    """The README's CPU command on --cpu-data, in this process: its step time and its peak resident
+    memory over the whole run (loading, the steps, the held-out evaluation)."""
+    import resource
+    import time
+    targs = cli.parse(train_grpo.Args, ["--data", args.cpu_data, "--out", str(folder / "readme")] + README_CPU)
+    t0 = time.perf_counter()
+    result = train_grpo.train(targs)
+    row = summarise("embedded SmolLM2-135M, the README's CPU command", result["log"])
+    row["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2 ** 30
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
 def bench_gpu(args, folder):
     if not args.gpu_data:
         print("GPU run skipped: pass --gpu-data (training rows, JSON Lines)", file=sys.stderr)
@@ -96,18 +125,19 @@ def run_in_child(which, args):
     """One run in its own process: the tiny run never sees a GPU, and neither run inherits the
     other's peak memory or accelerate state."""
     env = dict(os.environ)
-    if which.startswith("tiny"):
+    if which != "gpu":
         env.update(CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
     argv = [sys.executable, __file__, "--one", which, "--steps", str(args.steps), "--gpu-model", args.gpu_model,
             "--gpu-max-new-tokens", str(args.gpu_max_new_tokens), "--gpu-answer-format", args.gpu_answer_format,
-            "--gpu-reasoning", args.gpu_reasoning] + (["--gpu-data", args.gpu_data] if args.gpu_data else [])
+            "--gpu-reasoning", args.gpu_reasoning] + (["--gpu-data", args.gpu_data] if args.gpu_data else []) \
+        + (["--cpu-data", args.cpu_data] if args.cpu_data else [])
     r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if r.returncode != 0 or not r.stdout.strip():
         print(f"{which} run failed (exit {r.returncode})", file=sys.stderr)
         return None
     row = json.loads(r.stdout.strip().splitlines()[-1])
     if row:
-        row["machine"] = "CPU: " + machine() if which.startswith("tiny") else machine()
+        row["machine"] = "CPU: " + machine() if which != "gpu" else machine()
     return row
 
 
@@ -123,19 +153,25 @@ def main(argv=None):
                     help="completion budget of the GPU run with --gpu-answer-format json (default 4096)")
     ap.add_argument("--gpu-reasoning", choices=("low", "medium", "high"), default="low",
                     help="GPT-OSS reasoning effort of the GPU run (default low)")
+    ap.add_argument("--cpu-data", default=None, help="training rows for the README's CPU command (JSON Lines: a CPU "
+                    "search's training_rows.jsonl; without it that run is skipped)")
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
-    ap.add_argument("--one", choices=("tiny", "tiny-shared", "gpu"), help=argparse.SUPPRESS)  # a child process's single run
+    ap.add_argument("--one", choices=("tiny", "tiny-shared", "readme", "gpu"), help=argparse.SUPPRESS)  # a child's single run
     args = ap.parse_args(argv)
     if args.steps < 2:
         print("error: --steps must be >= 2 (the first step is a warm-up)", file=sys.stderr)
         return 2
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            row = (bench_gpu(args, Path(tmp)) if args.one == "gpu"
-                   else bench_tiny(args.steps, Path(tmp), forced_sharing=args.one == "tiny-shared"))
+            row = (bench_gpu(args, Path(tmp)) if args.one == "gpu" else bench_readme(args, Path(tmp))
+                   if args.one == "readme" else bench_tiny(args.steps, Path(tmp), forced_sharing=args.one == "tiny-shared"))
         print(json.dumps(row))
         return 0
     rows = [run_in_child("tiny", args), run_in_child("tiny-shared", args)]
+    if args.cpu_data:
+        rows.append(run_in_child("readme", args))
+    else:
+        print("README CPU run skipped: pass --cpu-data (a CPU search's training_rows.jsonl)", file=sys.stderr)
     if torch.cuda.is_available():
         rows.append(run_in_child("gpu", args))
     rows = [r for r in rows if r]
@@ -146,6 +182,9 @@ def main(argv=None):
               f"{r['peak_gib']:>9.2f} {r['tokens/step']:>11.0f}")
     print("trained: timed steps with a backward pass (a step whose groups all got equal rewards has none)")
     print("peak memory: torch.cuda.max_memory_allocated on a GPU, the process's ru_maxrss on CPU")
+    for r in rows:
+        if "wall_s" in r:
+            print(f"{r['run']}: {r['wall_s']:.0f} s in all (loading, 2 steps, the held-out evaluation)")
     untrained = [r["run"] for r in rows if r["trained_steps"] == 0]
     for name in untrained:
         print(f"warning: {name}: no timed step ran a backward pass, so its step time leaves out training "

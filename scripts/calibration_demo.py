@@ -54,13 +54,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bins  # noqa: E402
 import train_grpo  # noqa: E402
-from data import plots  # noqa: E402
 from data.dataset import load_predictions  # noqa: E402
 from data.records import read_jsonl  # noqa: E402
 from forecast_answer import DIGITS, Forecast  # noqa: E402
@@ -177,6 +175,7 @@ def tiny_tokenizer():
 
 def tiny_model(arch, seed):
     """A random tiny causal LM built from a config (fp32, CPU), deterministic for a seed."""
+    import torch
     torch.manual_seed(seed)
     common = dict(vocab_size=len(VOCAB), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
@@ -225,6 +224,7 @@ def run_one(opts, reward, weight, seed, data, out):
     per shape, to set beside q's mode probability; TV), and
     its held-out forecasts. One torch thread: tiny tensors gain nothing from a second, and the
     demo's --jobs processes share the cores."""
+    import torch
     torch.set_num_threads(1)
     t0, cpu0 = time.perf_counter(), time.process_time()
     tok = tiny_tokenizer()
@@ -326,7 +326,7 @@ def run_demo(opts):
         runs += [(opts, reward, weight, seed, data,
                   data.parent / setting_name(reward, weight).replace(":", "-w"))
                  for reward, weight in settings]
-    bar = tqdm(total=len(runs), desc="runs (seed x setting)", position=0)
+    bar = tqdm(total=len(runs), desc="runs (seed x setting)", position=0, disable=not cli.progress_bars())
     if opts.jobs == 1:
         results = []
         for run in runs:
@@ -347,6 +347,7 @@ def run_demo(opts):
     summary = summarise(settings, per_seed)
     plot = out / "reliability.png"
     pooled = f"{opts.seeds} seed{'s' if opts.seeds > 1 else ''} pooled"
+    from data import plots  # matplotlib only when the plot is drawn
     plots.plot_reliability_panels(
         {f"{setting_label(*s)}\n({pooled})": preds[setting_name(*s)] for s in settings}, plot)
     meta = {"machine": machine(), "wall_seconds": round(time.perf_counter() - t0, 1),

@@ -23,12 +23,12 @@ wrapped as `custom_kernel`, as in the paper) and hand-written variants live in
 A task is named by its built-in name, by the path of a problem file (KernelBench's format or this
 project's own: tasks/problem_file.py turns either into an object with the names above), or as
 `kernelbench:LEVEL/NAME`, a problem of a KernelBench checkout. `get_task` is the one place a
-`--task` value becomes a task. A file task has no hand-written variants; its seed is built from
-the file (problem_file.py).
+`--task` value becomes a task. A file task's seed is built from the file, and its one hand-written
+variant is the `custom_kernel` it may define (problem_file.py).
 
-Tunable constants in kernel files are module-level integers annotated with their allowed values,
-`BLOCK_V = 1024  # tune: 256, 512, 1024, 2048`, so the offline catalog mutator of search.py can
-propose edits without an LLM.
+Tunable constants in kernel files (and in task files) are module-level integers annotated with
+their allowed values, `BLOCK_V = 1024  # tune: 256, 512, 1024, 2048`, so the offline catalog
+mutator of search.py can propose edits without an LLM (mutators.tunables reads them).
 """
 import importlib
 from pathlib import Path
@@ -113,4 +113,8 @@ def variant_paths(name):
 
 
 def variant_sources(name):
+    """{name: source} of a task's hand-written variants: a built-in task's files, a task file's own
+    `custom_kernel` (problem_file.py)."""
+    if name not in TASK_NAMES:
+        return get_task(name).variant_sources()
     return {p.stem: p.read_text() for p in variant_paths(name)}

@@ -26,6 +26,16 @@ The project's format (a complete example is in the README):
     def reference(data): ...              the PyTorch reference
     def check(output, expected): ...      optional: default KernelBench's rule above
     def min_bytes(case): ...              optional: default 0 (no physical floor on a GPU)
+    def custom_kernel(data): ...          optional: a kernel of your own, the search's first mutation
+    NAME = 64  # tune: 16, 32, 64         optional: constants the offline mutator may edit
+
+The search starts from the reference, as the paper's does: the seed is the file with the reference
+wrapped as `custom_kernel`. A `custom_kernel` the file defines is the task's hand-written variant,
+as tasks/kernels/<task>/*.py are a built-in task's: the offline catalog mutator proposes it first,
+then edits of its `# tune:` constants one at a time (mutators.tunables: an integer constant with the
+values it may take). Without a kernel of its own, the marked constants are the reference's, and
+the edits are made to the seed. The seed of a file with a kernel drops the marks: its constants
+change the kernel, not the reference, and an edit of them would measure the seed again.
 
 A problem file is the user's own, trusted code: the reference worker imports it, and so does the
 candidate's worker inside its sandbox (which sees the file read-only), to make inputs and, for a
@@ -146,6 +156,9 @@ class KernelBenchTask:
         self.CHECK_CASES = self.CPU_CHECK_CASES = [{"problem": self.NAME, "trial": k} for k in (3, 4, 5)]
         self._models = {}
 
+    def variant_sources(self):
+        return {}  # no hand-written variant: the search starts from the problem alone
+
     def seed_source(self):
         """The search's seed: the problem itself, Model renamed ModelNew (speedup about 1)."""
         return re.sub(r"\bModel\b", "ModelNew", self.source)
@@ -210,6 +223,16 @@ class OwnTask:
         self.check = getattr(module, "check", kernelbench_check)
         self.min_bytes = getattr(module, "min_bytes", lambda case: 0)
 
+    def variant_sources(self):
+        """{name: source} of the file's own kernel (its `custom_kernel`), the task's one hand-written
+        variant; {} when it defines none."""
+        return {self.NAME: self.source} if hasattr(self.module, "custom_kernel") else {}
+
     def seed_source(self):
-        """The search's seed: the task file itself, its reference wrapped as custom_kernel."""
-        return self.source.rstrip() + "\n\n\ndef custom_kernel(data):\n    return reference(data)\n"
+        """The search's seed: the task file itself, its reference wrapped as custom_kernel (the
+        file's own kernel, if any, is overridden, and its `# tune:` marks dropped: see above)."""
+        source = self.source
+        if hasattr(self.module, "custom_kernel"):
+            from mutators import TUNE_LINE
+            source = TUNE_LINE.sub(lambda m: m["head"] + m["value"], source)
+        return source.rstrip() + "\n\n\ndef custom_kernel(data):\n    return reference(data)\n"

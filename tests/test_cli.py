@@ -1,11 +1,17 @@
 """cli.py: a command line refuses an NVIDIA machine whose driver torch cannot use."""
 import dataclasses
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from runtime import cli
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DRIVER_LINE = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
 
@@ -55,3 +61,27 @@ def test_parse_exits_with_the_line(driver, monkeypatch, capsys):
         cli.parse(Args, ["--steps", "4"])
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith("error: an NVIDIA driver (550.54.15) is present")
+
+
+def test_no_progress_bars_where_stderr_is_not_a_terminal(monkeypatch):
+    # into a log or a pipe a bar is control characters: off there, the libraries' too (their switch)
+    import io
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert cli.progress_bars() is False and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS")
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert cli.progress_bars() is True and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def test_a_ctrl_c_while_a_command_loads_is_one_line(tmp_path):
+    # runtime/cli.py, imported first by a command, prints a Ctrl-C that no main() caught as one line
+    script = tmp_path / "slow_to_load.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom runtime import cli\n"
+                      "raise KeyboardInterrupt  # as if it came during the imports below\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.stderr.strip().splitlines() == ["slow_to_load.py: interrupted"] and r.returncode != 0

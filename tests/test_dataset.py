@@ -46,7 +46,7 @@ def write_lines(tmp_path, lines, name="p.jsonl"):
 BAD_CASES = [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "one JSON object"),
-    ({**GOOD, "probs": None}, "missing field 'probs'"),
+    ({**GOOD, "probs": None}, "no forecast: give 'probs' .* or 'bin_probabilities'"),
     ({k: v for k, v in GOOD.items() if k != "true_speedup"}, "missing field 'true_speedup'"),
     ({k: v for k, v in GOOD.items() if k != "task"}, "missing field 'task'"),
     ({**GOOD, "probs": [0.5, -0.1, 0.6, 0, 0, 0, 0, 0]}, "negative"),

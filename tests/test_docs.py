@@ -300,3 +300,23 @@ def test_architecture_tree_is_the_folder():
     assert not missing, f"docs/ARCHITECTURE.md's tree names files that are not there: {missing}"
     unlisted = sorted(p.name for p in ROOT.glob("*.py") if p.name not in files)
     assert not unlisted, f"docs/ARCHITECTURE.md's tree leaves out top-level modules: {unlisted}"
+
+
+def test_the_install_block_is_what_ci_runs_and_needs_no_sudo_as_root():
+    # .ci/run runs the README's install block as it stands (its own awk, run here), so the two
+    # cannot drift; the block must work as root without sudo (a container) and as a user with it,
+    # update apt's lists before installing, and put torch's CPU build in before requirements.txt
+    # would bring the CUDA build
+    import subprocess
+    ci = (ROOT / ".ci" / "run").read_text()
+    awk = re.search(r"install=\$\(awk '([^']+)' README\.md\)", ci)
+    assert awk, ".ci/run no longer takes its install commands from the README's block"
+    block = subprocess.run(["awk", awk.group(1), "README.md"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert block and not any("pytest" in line for line in block), block
+    apt = [line for line in block if "apt-get" in line]
+    assert apt and all(line.count("$(command -v sudo) apt-get ") == line.count("apt-get") for line in apt), \
+        f"every apt-get needs the `$(command -v sudo)` prefix: {apt}"
+    assert "apt-get update &&" in apt[0], "apt's lists are updated before the install"
+    cpu = next(i for i, line in enumerate(block) if "download.pytorch.org/whl/cpu" in line)
+    assert cpu < next(i for i, line in enumerate(block) if "requirements.txt" in line)

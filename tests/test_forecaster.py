@@ -277,3 +277,19 @@ def test_kernelbench_l3_discovery_pairs_load_forecast_and_score(tmp_path, capsys
     path.write_text(json.dumps({**pairs[0], "problem_id": "vgg19", "benchmark_family": "other"}) + "\n")
     with pytest.raises(RecordError, match="gpu_mode"):
         load_rows(path, tasks=TASK_NAMES)
+
+
+def test_a_candidate_that_cannot_run_is_forecast_with_a_warning(tmp_path, capsys):
+    # a forecast of code measure.py would fail before timing it is allowed, but said so, once
+    broken = tmp_path / "broken.py"
+    broken.write_text("def custom_kernel(data):\n    return data[0] +\n")
+    nameless = tmp_path / "nameless.py"
+    nameless.write_text("def kernel(data):\n    return data[0]\n")
+    good = FIX.parent.parent / "tasks" / "kernels" / "cross_entropy" / "chunked.py"
+    for path, warning in ((broken, f"warning: {broken}, line 2: invalid syntax: the candidate does not compile"),
+                          (nameless, f"warning: {nameless} defines neither custom_kernel(data) nor class ModelNew"),
+                          (good, None)):
+        argv = ["--task", "cross_entropy", "--candidate", str(path), "--no-cache", "--json"]
+        assert forecaster.main(argv, backend=ChildRecorder()) == 0
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+        assert err == ([] if warning is None else [err[0]]) and (warning is None or err[0].startswith(warning)), err

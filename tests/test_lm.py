@@ -398,3 +398,52 @@ def test_adapter_switch_is_exact_on_cuda():
         with switch.state(False):
             pass
     assert all(torch.equal(p, original[n]) for n, p in expert_params(model).items())
+
+
+# ---- a training pass's memory on a CPU: recomputed, not kept ----------------------------------------
+
+def test_recomputed_mlps_and_cached_attention_give_the_same_gradient_keeping_less():
+    """add_lora on a CPU recomputes each MLP in the backward pass (lm.checkpoint_mlps), and a
+    training forward over a shared prompt's cache recomputes its attention (prefix_attention.py)
+    instead of keeping SDPA's copies of the grouped-query keys: the gradient is the same, and the
+    tensors kept for the backward pass are fewer (SmolLM2's shape in small: SDPA, grouped queries,
+    an MLP wider than the model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models import prefix_attention
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, attn_implementation="sdpa")
+    prompt = list(range(3, 203))
+    group = [{"prompt": prompt, "completion": c} for c in ([5, 9, 11], [7, 7, 3])]
+
+    def run(checkpointed):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        prefix_attention.use_prefix_attention(model)
+        model = lm.add_lora(model, rank=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"], device="cpu",
+                            gradient_checkpointing=checkpointed)
+        with torch.no_grad():  # a fresh adapter's B is zero, which would hide half the gradient
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.05)
+        model.train()
+        kept = []
+
+        def keep(t):
+            kept.append(t.numel() * t.element_size())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            kv = lm.prompt_kv(model, prompt)
+            leaves = lm.detached(kv)
+            for w, s in zip((1.0, -0.5), group):
+                logp = lm.completion_logprobs(model, lm.collate([s], 0, "cpu"), prefix=leaves)
+                (logp.sum() * w).backward()
+        lm.backward_prompt(kv, leaves)
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad], sum(kept)
+    plain, plain_bytes = run(False)
+    recomputed, recomputed_bytes = run(True)
+    assert any(g.abs().sum() > 0 for g in plain)
+    for a, b in zip(plain, recomputed):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert recomputed_bytes < 0.7 * plain_bytes, (recomputed_bytes, plain_bytes)

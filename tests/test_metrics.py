@@ -258,3 +258,28 @@ def test_cli_flags_in_process(capsys):
     assert base["ece"] == pytest.approx(2.7 / 7)
     assert metrics.main([str(FIX / "missing.jsonl")]) == 2
     assert "missing.jsonl: cannot read" in capsys.readouterr().err
+
+
+def test_side_by_side_and_the_plots_aurc_say_what_the_table_says(tmp_path, capsys, monkeypatch):
+    # the side-by-side block ends with its table (names in full below only where the column cut
+    # them), and each risk-coverage plot's legend gives the AURC of the table printed beside it,
+    # by the same protocol's definition (the two definitions differ on these rows)
+    from data import plots
+    args = [str(FIX / "paper_predictions.jsonl"), "--rows", str(FIX / "paper_eval_rows.jsonl")]
+    for protocol, column in (("paper", None), ("ours", "maxprob")):
+        figures = []
+        monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((Path(path).name, fig)))
+        assert metrics.main(args + ["--protocol", protocol, "--plots", str(tmp_path)]) == 0
+        table = capsys.readouterr().out
+        side = table[table.index("== side by side"):].split("\n\n")[0].splitlines()
+        assert [line.split()[1] for line in side[2:]] == ["base", "brier"], side
+        assert metrics.main(args + ["--protocol", protocol, "--json"]) == 0
+        base = json.loads(capsys.readouterr().out)["forecasters"]["base"]
+        aurc = base["overall"]["aurc"] if column is None else base["aurc"][column]
+        fig = dict(figures)["base_risk_coverage.png"]
+        labels = fig.axes[0].get_legend_handles_labels()[1]
+        assert f"maxprob (AURC {aurc:.3f})" in labels, (protocol, labels, aurc)
+    long = {"a forecaster with a very long name": metrics.report([make_row([1] + [0] * 7, 1)]),
+            "b": metrics.report([make_row([1] + [0] * 7, 1)])}
+    text = metrics.format_side_by_side(long)
+    assert text.splitlines()[-2:] == ["names in full:", "  1. a forecaster with a very long name"]

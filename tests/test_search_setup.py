@@ -16,6 +16,7 @@ from search import parse_args
 def test_setup_makes_a_local_llm_wait_only_where_it_shares_a_measuring_gpu(tmp_path, monkeypatch):
     import torch
 
+    import measure  # noqa: F401  (imported before the patch below: it binds require_sandbox when first imported)
     import search_setup
     from harness import measure_sandbox
     from models import forecaster_backends
@@ -216,3 +217,130 @@ def test_the_mutator_can_be_another_model_on_another_server():
     assert plan.budget == 320 and any(line.startswith("protocol: paper") for line in said)
     with pytest.raises(SetupError, match="--mutator-server"):
         plan_search(parse_args(common + ["--mutator-model", "gemini-3-flash"]), say=said.append)
+
+
+# ---- the mutator of a task without an LLM: the catalog, the embedded model, or a refusal -----------
+
+OWN_TASK = '''import torch
+import torch.nn.functional as F
+
+DESCRIPTION = "y = gelu(x @ w)"
+CASES = [{"n": 8}]
+
+
+def generate_input(case, seed, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(case["n"], 4, generator=g), torch.randn(4, 4, generator=g)
+
+
+def reference(data):
+    x, w = data
+    return F.gelu(x @ w)
+'''
+OWN_KERNEL = '''
+ROWS = 4  # tune: 2, 4, 8
+
+
+def custom_kernel(data):
+    x, w = data
+    return torch.cat([F.gelu(x[i:i + ROWS] @ w) for i in range(0, len(x), ROWS)])
+'''
+
+
+def choose(path, *flags, say=None):
+    from search_setup import LLMChoice, LazyBackend, choose_mutator
+    args = parse_args(["--task", str(path), "--unsafe-no-sandbox", *flags])
+    llm = LLMChoice(embedded=LazyBackend(lambda: pytest.fail("the embedded model is built on first use only")))
+    return choose_mutator(args, llm, say or (lambda line: None))
+
+
+def test_a_task_file_with_its_own_kernel_is_mutated_by_the_catalog(tmp_path):
+    # the file's custom_kernel is its one hand-written variant; its `# tune:` constant is edited from
+    # there; the seed (the reference) carries no mark, so no edit of it measures the seed again
+    import tasks
+    from mutators import tunables
+    from puct import Node
+    path = tmp_path / "my_op.py"
+    path.write_text(OWN_TASK + OWN_KERNEL)
+    said = []
+    mutator, name = choose(path, say=said.append)
+    assert name == "catalog" and "1 hand-written variant" in said[0] and "(ROWS)" in said[0]
+    seed = tasks.seed_source(str(path))
+    assert not tunables(seed) and "ROWS = 4\n" in seed and seed.rstrip().endswith("return reference(data)")
+    first = mutator.propose(Node("seed", seed, 1.0), 6, {seed.strip()}, "0/0/0")
+    assert [c["meta"]["edit"] for c in first] == ["variant my_op"] and first[0]["code"] == path.read_text()
+    edits = mutator.propose(Node("v", first[0]["code"], 1.0), 6, {seed.strip(), first[0]["code"].strip()}, "0/1/0")
+    assert sorted(c["meta"]["edit"] for c in edits) == ["ROWS 4 -> 2", "ROWS 4 -> 8"]
+
+
+def test_marked_constants_of_a_task_without_a_kernel_are_edited_in_the_seed(tmp_path):
+    import tasks
+    path = tmp_path / "chunked.py"
+    path.write_text(OWN_TASK.replace('CASES = [{"n": 8}]', 'CASES = [{"n": 8}]\nROWS = 4  # tune: 2, 4'))
+    mutator, name = choose(path)
+    from puct import Node
+    seed = tasks.seed_source(str(path))
+    assert name == "catalog" and [c["meta"]["edit"] for c in mutator.propose(Node("seed", seed, 1.0), 4, {seed.strip()},
+                                                                            "k")] == ["ROWS 4 -> 2"]
+
+
+def test_a_task_with_nothing_to_mutate_gets_the_embedded_model_or_one_line(tmp_path, monkeypatch, capsys):
+    import search_setup
+    from mutators import LLMMutator
+    path = tmp_path / "plain.py"
+    path.write_text(OWN_TASK)
+    said = []
+    mutator, name = choose(path, say=said.append)  # auto: the embedded model, and the start-up line says its worth
+    assert name == "embedded" and isinstance(mutator, LLMMutator)
+    assert (mutator.temperature, mutator.max_new_tokens) == (search_setup.EMBEDDED_MUTATION_TEMPERATURE,
+                                                             search_setup.EMBEDDED_MUTATION_TOKENS)
+    assert "almost never writes a kernel that compiles" in said[0] and "no `# tune:` constant" in said[0]
+    with pytest.raises(search_setup.SetupError, match="--mutator catalog has nothing to propose for plain"):
+        choose(path, "--mutator", "catalog")
+    monkeypatch.setattr(search_setup, "embedded_available", lambda: False)
+    with pytest.raises(search_setup.SetupError, match="nothing can mutate plain here"):
+        choose(path)
+    # the command: one line, exit 2, before any measurement
+    assert search.main(["--task", str(path), "--out", str(tmp_path / "run"), "--unsafe-no-sandbox"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("search.py: error: nothing can mutate plain here")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_start_up_says_what_the_shared_cache_holds_for_this_run(tmp_path, monkeypatch):
+    # the measurement cache is shared by every checkout: the start-up line says where, how many of
+    # this task's kernels at this scale it holds and whether the seed's is one (so a run that takes
+    # seconds in one checkout and minutes in another is explained); the closing line how many came from it
+    import hashlib
+    import json
+
+    import measure
+    import search_setup
+    import tasks
+    folder = tmp_path / "cache" / "measurements"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(measure, "DEFAULT_CACHE_DIR", folder)
+    seed = hashlib.sha256(tasks.seed_source("cross_entropy").encode()).hexdigest()
+    for i, (task, scale, sha) in enumerate([("cross_entropy", "cpu", seed), ("cross_entropy", "cpu", "a" * 64),
+                                            ("cross_entropy", "cpu", "a" * 64), ("trimul", "cpu", "b" * 64),
+                                            ("cross_entropy", "benchmark", "c" * 64)]):
+        (folder / f"{i}.json").write_text(json.dumps({"task": task, "scale": scale, "source_sha256": sha}))
+    (folder / "torn.json").write_text("{")  # being written by another run
+    said = []
+    args = parse_args(["--task", "cross_entropy", "--unsafe-no-sandbox"])
+    search_setup.describe_cache(args, "cpu", False, said.append)
+    assert said[0].startswith(f"cache: {tmp_path / 'cache'}, shared by every checkout")
+    assert "it holds 2 measured kernels of cross_entropy at cpu scale, the seed's among them" in said[0]
+    search_setup.describe_cache(parse_args(["--task", "trimul", "--unsafe-no-sandbox"]), "cpu", False, said.append)
+    assert "1 measured kernel of trimul at cpu scale:" in said[1] and "seed" not in said[1]
+    search_setup.describe_cache(parse_args(["--task", "fp8_quant", "--no-cache"]), "cpu", False, said.append)
+    assert "--no-cache: every kernel is measured and forecast anew" in said[2]
+    summary = {"fast_1": None, "best_speedup": 1.02, "best_node": "seed", "best_within_noise": True,
+               "best_noise": 0.07, "measurements": 10, "seed_measurements": 1, "candidates_considered": 12,
+               "forecasts": 12, "skipped": 2, "forecast_rewards": 0, "from_cache": 8, "from_log": 0,
+               "budget": 10, "steps": 3, "max_steps": 40}
+    report = search._report(summary).splitlines()
+    assert report[0].startswith("best speedup 1.020x (seed: the seed is the reference itself, and no candidate "
+                                "measured faster; within the measurement's noise of 1.0, +-14.0% at two standard errors)")
+    assert report[1] == "11 measurements (the seed's included): 8 from the cache (--no-cache measures them again), " \
+                        "3 measured now"

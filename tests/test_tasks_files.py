@@ -148,20 +148,28 @@ def readme_task():
 
 
 def test_readme_task_file_is_short_and_a_task(tmp_path):
+    from mutators import set_tunable, tunables
     source = readme_task()
-    assert len(source.splitlines()) <= 26
+    assert len(source.splitlines()) <= 34
     t = tasks.get_task(write(tmp_path, "my_op.py", source))
     data = t.generate_input(t.CPU_CASES[0], 0)
     assert t.check(t.reference(data), t.reference(data)) == (True, "ok")
+    # its kernel is correct at every value of its marked constant: the catalog's edits are real kernels
+    (name, (_, values)), = tunables(source).items()
+    for v in values:
+        edited = tasks.get_task(write(tmp_path, f"my_op_{v}.py", set_tunable(source, name, v)))
+        assert edited.check(edited.module.custom_kernel(data), t.reference(data)) == (True, "ok")
     with pytest.raises(ValueError, match="lacks CASES"):
         tasks.get_task(write(tmp_path, "no_cases.py", source.replace("CASES = ", "SHAPES = ")))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, text", [("my_op.py", None), ("residual_mlp.py", PROBLEM)])
-def test_search_runs_end_to_end_on_a_problem_file(tmp_path, name, text, capsys, monkeypatch):
-    # a real measurement of the seed, timed as briefly as --quick times it: nothing here reads how
-    # precise its speedup is (a full CPU timing costs ~3 s of CPU, both sides)
+@pytest.mark.parametrize("name, text, first", [
+    ("my_op.py", None, "variant my_op"),  # the README's file: its own kernel is the first child
+    ("residual_mlp.py", PROBLEM + "\nCHUNK = 8  # tune: 4, 8\n", "CHUNK 8 -> 4")])  # a marked constant, edited
+def test_search_runs_end_to_end_on_a_problem_file(tmp_path, name, text, first, capsys, monkeypatch):
+    # real measurements of the seed and of one mutation, timed as briefly as --quick times them:
+    # nothing here reads how precise a speedup is (a full CPU timing costs ~3 s of CPU, both sides)
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     path = write(tmp_path, name, text or readme_task())
     out = tmp_path / "run"
@@ -169,6 +177,9 @@ def test_search_runs_end_to_end_on_a_problem_file(tmp_path, name, text, capsys, 
             "--no-progress"]
     assert search.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["best_speedup"] > 0
-    assert "no hand-written variants" in capsys.readouterr().out
-    assert (out / "best_kernel.py").read_text() == tasks.seed_source(path)
+    assert summary["best_speedup"] > 0 and summary["measurements"] == 1
+    assert "mutator: offline catalog" in capsys.readouterr().out
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    mutation = next(e["payload"]["candidates"] for e in events if e["kind"] == "mutation")
+    measured = [e["payload"]["measurement"] for e in events if e["kind"] == "measurement" and e["request_id"] != "seed"]
+    assert mutation[0]["meta"]["edit"] == first and [m["status"] for m in measured] == ["ok"]
