@@ -902,6 +902,7 @@ class _Session:
             blocks.append(self.pair(case, n, verify=False, ahead=len(blocks) + 1 < max_blocks))
         row = self._case_row(case, blocks, outside, n)
         row["case"] = case
+        row["block_pairs"] = n  # sized from the warm-up's timed windows alone (block_pairs)
         row["floor_ms"] = self.physical_floor(case, row)
         return row
 

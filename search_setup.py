@@ -246,7 +246,7 @@ def choose_mutator(args, llm, say):
                              "32, 64, 128`, README: Your own op), or pass --server URL or --model NAME for an LLM")
         what = ", ".join(filter(None, [
             f"{len(variants)} hand-written variant{'s' * (len(variants) > 1)}" if variants else "",
-            f"edits of its `# tune:` constants ({', '.join(marked)})" if marked else "edits of `# tune:` constants"]))
+            f"edits of its `# tune:` constants ({', '.join(marked)})" if marked else ""]))
         why = "asked for with --mutator catalog" if args.mutator == "catalog" else no_llm
         say(f"mutator: offline catalog ({what}): {why}")
         return CatalogMutator(variants), "catalog"

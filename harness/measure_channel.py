@@ -852,7 +852,7 @@ def workers(gpu=None):
             raise ValueError(f"GPU {gpu} is not among the {len(ids)} that CUDA_VISIBLE_DEVICES={visible} shows")
         visible = ids[gpu] if ids else str(gpu)
     worker_set = getattr(_THREAD, "workers", None)
-    if worker_set is None or worker_set.visible != visible:
+    if worker_set is None or worker_set.closed or worker_set.visible != visible:  # closed: by another thread
         if worker_set is not None:
             worker_set.close()
         worker_set = _THREAD.workers = WorkerSet(visible)

@@ -63,8 +63,9 @@ def _gpu_tests_without_sandbox(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip gpu tests without CUDA; the e2e tier runs only when asked for (`-m e2e`), and the vllm
-    tier too (`-m vllm`: minutes, a real server) and where vllm is installed."""
+    """Skip gpu tests without CUDA; the e2e and attacks tiers run only when asked for (`-m e2e`,
+    `-m attacks`), and the vllm tier too (`-m vllm`: minutes, a real server) and where vllm is
+    installed."""
     import importlib.util
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     if "vllm" not in (config.getoption("markexpr", "") or ""):
@@ -77,9 +78,14 @@ def pytest_collection_modifyitems(config, items):
     # each; kept out of the default suite so that it stays a few minutes on 2 cores. CI runs both.
     skip_e2e = None if "e2e" in (config.getoption("markexpr", "") or "") else pytest.mark.skip(
         reason="the end-to-end tier runs on its own: pytest -m e2e")
+    # The attacks tier: the rest of the attack catalogue (tests/test_measure_attacks.py says which).
+    skip_attacks = None if "attacks" in (config.getoption("markexpr", "") or "") else pytest.mark.skip(
+        reason="the rest of the attack catalogue runs on its own: pytest -m attacks")
     for item in items:
         if "e2e" in item.keywords and skip_e2e:
             item.add_marker(skip_e2e)
+        if "attacks" in item.keywords and skip_attacks:
+            item.add_marker(skip_attacks)
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
         if "vllm" in item.keywords and skip_vllm:

@@ -89,6 +89,7 @@ def test_seed_is_ok_and_the_cache_is_hit_the_second_time(tmp_path):
 
 # ---- caching the output ---------------------------------------------------------------------------
 
+@pytest.mark.attacks  # the rest of the catalogue: tests/test_measure_attacks.py
 def test_output_computed_once_and_replayed_is_incorrect():
     src = BODY + '''
 _saved = {}
@@ -231,6 +232,7 @@ def custom_kernel(data):
     assert m.status == "incorrect" and "plain torch.Tensor" in m.message
 
 
+@pytest.mark.attacks  # the rest of the catalogue: tests/test_measure_attacks.py
 def test_wrong_output_dtype_is_incorrect():
     # cross_entropy's original checker asserts its dtypes (trimul's casts: test_gpumode_submissions)
     src = BODY + '''
@@ -244,6 +246,7 @@ def custom_kernel(data):
 
 # ---- near-identity output ---------------------------------------------------------------------------
 
+@pytest.mark.attacks  # the rest of the catalogue: tests/test_measure_attacks.py
 def test_output_that_skips_the_softmax_term_is_incorrect():
     src = BODY + '''
 def custom_kernel(data):
@@ -259,6 +262,7 @@ def custom_kernel(data):
 
 # ---- tampering stays inside the candidate's own process (the attacks are in test_measure_attacks) --
 
+@pytest.mark.attacks  # the rest of the catalogue: tests/test_measure_attacks.py
 def test_patching_torch_in_the_candidates_process_only_hurts_itself():
     src = BODY + '''
 def custom_kernel(data):
@@ -285,6 +289,7 @@ def test_static_screen_rejects_threads_streams_processes(snippet):
 
 # ---- crashes, hangs, exits, memory, output floods ---------------------------------------------------
 
+@pytest.mark.attacks  # the rest of the catalogue: tests/test_measure_attacks.py
 def test_os_exit_is_crashed():
     m = run("import os\ndef custom_kernel(data):\n    os._exit(7)\n")
     assert m.status == "crashed" and "code 7" in m.message
