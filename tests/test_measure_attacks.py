@@ -452,15 +452,17 @@ def test_a_fork_bomb_is_stopped(attack):
 
 
 @ATTACKS_TIER
-def test_the_worker_dies_with_a_parent_killed_by_sigkill():
+def test_the_worker_dies_with_a_parent_killed_by_sigkill(tmp_path):
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import measure; "
             f"measure.measure({TASK!r}, open({str(ATTACKS / 'hang.py')!r}).read(), device='cpu', use_cache=False, timeout_s=120)")
-    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    log = tmp_path / "parent.log"
+    with open(log, "wb") as out:
+        parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not _pwned_processes() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 90
+        while not _pwned_processes() and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.2)
-        assert _pwned_processes(), "the hanging candidate never started"
+        assert _pwned_processes(), f"the hanging candidate never started (parent: {parent.poll()}): {log.read_text()[-2000:]}"
     finally:
         parent.kill()  # SIGKILL: no cleanup code of the parent runs
         parent.wait()
