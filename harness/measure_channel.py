@@ -233,6 +233,10 @@ class WorkerProcess:
         self.main_pid = None
         self.mem = None  # /proc/<worker>/mem, opened once (read_memory)
         self.frozen = False
+        # kill() may come from two threads at once (the measuring thread's clean-up and a Ctrl-C's
+        # exit closing the set): the first kills, the others wait for it; nothing reads the worker's
+        # memory through a descriptor that is being closed (its number could be another file's next).
+        self.end_lock, self.ended = threading.Lock(), False
 
     # -- talking -----------------------------------------------------------------------------------
 
@@ -468,18 +472,21 @@ class WorkerProcess:
         read counts: nothing the worker says about its outputs but where they are."""
         if not 0 <= address < 2**63 - n:
             return None
-        if self.mem is None:
-            pid = self._main_pid()
+        with self.end_lock:
+            if self.ended:
+                raise WorkerFailed("crashed", "the worker was ended while its outputs were read")
+            if self.mem is None:
+                pid = self._main_pid()
+                try:
+                    self.mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+                except OSError as e:
+                    raise WorkerFailed("crashed", f"the parent cannot read the worker's memory ({e.strerror}): "
+                                                  "measure.py needs to read /proc/<pid>/mem of its own child processes "
+                                                  "(Yama's kernel.yama.ptrace_scope at 0 or 1)") from None
             try:
-                self.mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-            except OSError as e:
-                raise WorkerFailed("crashed", f"the parent cannot read the worker's memory ({e.strerror}): "
-                                              "measure.py needs to read /proc/<pid>/mem of its own child processes "
-                                              "(Yama's kernel.yama.ptrace_scope at 0 or 1)") from None
-        try:
-            data = os.pread(self.mem, n, address) if n else b""
-        except OSError:
-            return None
+                data = os.pread(self.mem, n, address) if n else b""
+            except OSError:
+                return None
         return data if len(data) == n else None
 
     def cpu_ms(self):
@@ -494,7 +501,15 @@ class WorkerProcess:
 
     def kill(self):
         """SIGKILL the whole tree and remove the sandbox's cgroup. Under bwrap the sandbox's init
-        dies with it and the kernel kills everything left in its PID namespace."""
+        dies with it and the kernel kills everything left in its PID namespace. Once, whoever
+        calls it first (end_lock)."""
+        with self.end_lock:
+            if self.ended:
+                return
+            self.ended = True
+            self._end()
+
+    def _end(self):
         for pid in reversed(self.tree()):
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -691,3 +691,30 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
     t.join(120)
     assert not t.is_alive() and len(got) == 1
     assert isinstance(got[0], measure.HarnessError) and "interrupted" in str(got[0]), got[0]
+
+
+def test_a_worker_ended_from_several_threads_at_once_ends_once():
+    """A Ctrl-C's exit closes the set while the measuring thread's clean-up kills the same worker
+    (a CI run of the Ctrl-C tier saw the second close of /proc/<pid>/mem fail with EBADF, a
+    traceback at exit; a second close could as well close a descriptor another thread had just
+    opened). Every caller returns, the first ends it, and its memory is no longer read."""
+    import threading
+    w = measure_channel.WorkerProcess("candidate", TASK, "cpu", plan=None, memory_bytes=1 << 30)
+    w.recv(time.monotonic() + 120, "ready")
+    assert w.read_memory(0, 0) == b""  # opens /proc/<pid>/mem, as a measurement's first read does
+    start, errors = threading.Barrier(8), []
+
+    def end():
+        start.wait()
+        try:
+            w.kill()
+        except BaseException as e:  # noqa: BLE001 - any is the test's failure
+            errors.append(e)
+    threads = [threading.Thread(target=end) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and w.mem is None and not w.alive(), errors
+    with pytest.raises(measure_channel.WorkerFailed, match="ended"):
+        w.read_memory(0, 8)
