@@ -189,5 +189,8 @@ def test_fill_runs_a_goal_conditioned_search_for_the_short_bin_and_resumes(tmp_p
     before = {n: (out / n).read_text() for n in ("eval_set.jsonl", "kernels.jsonl", "manifest.json")}
     monkeypatch.setattr("measure.measure", lambda *a, **kw: pytest.fail("measured on a rerun"))
     assert eval_set.main(argv) == 0
-    assert "resuming from" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    # Where the fill search's own quick CPU figures filled bin 8 (its seed measured at 0.75x or
+    # less pairs with the 3.0x kernel at 4x: a loaded machine did it once), no fill search is due.
+    assert "resuming from" in said or "short bins: none" in said, said
     assert {n: (out / n).read_text() for n in before} == before
