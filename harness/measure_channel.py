@@ -730,14 +730,15 @@ class WorkerSet:
             return dict(self.dirs)
 
     def _start(self, *args, **kw):
-        """A new WorkerProcess, known to the set (close ends it)."""
-        w = WorkerProcess(*args, **kw)
+        """A new WorkerProcess, known to the set (close ends it). Started under the set's lock:
+        a close() from another thread (a Ctrl-C's exit) waits for a sandbox being started and ends
+        it, so none outlives the set (a bwrap started while the process exited was left behind
+        once in 94 Ctrl-Cs, before it had tied its life to its parent's)."""
         with self.lock:
+            if self.closed:
+                raise WorkerFailed("crashed", "the measurement's workers were closed (interrupted)")
+            w = WorkerProcess(*args, **kw)
             self.started = [x for x in self.started if x.alive()] + [w]
-            closed = self.closed
-        if closed:
-            w.kill()
-            raise WorkerFailed("crashed", "the measurement's workers were closed (interrupted)")
         return w
 
     def reference_worker(self, task, device, sandboxed, baseline="eager"):
