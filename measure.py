@@ -113,8 +113,13 @@ QUANTILE = 0.25
 BLOCK_BYTES = {"cuda": 4 << 30, "cpu": 64 << 20}
 BLOCK_MS = {"cuda": 20.0, "cpu": 6.0}
 BLOCK_CALLS = {"cuda": 100, "cpu": 8}
-# CPU: each case's inputs are copied, call by call, into one of this many slots of its arena.
+# CPU: each case's inputs are copied, call by call, into one of this many slots of its arena, and
+# each side holds this many sets of input objects per slot not yet used (every call takes its own).
 ARENA_SLOTS = 4
+FRESH_PER_SLOT = 32
+# Correctness calls, before any timing: seeds of each timed case (KernelBench's five trials) and of
+# each check case.
+TRIALS, CHECK_TRIALS = 5, 2
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")  # a BLAKE3 digest as a GPU worker commits to it
 # The physical floor's significance test (apply_floor): standard errors of log time.
 FLOOR_SIGMAS = 4.0
@@ -277,7 +282,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
                device_name=device_name, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox, baseline=baseline)
     result = _measure_once(**run)
-    cacheable = result.pop("cacheable", True)
+    cacheable = result.pop("cacheable", True)  # (a timeout or a crash: only where its WorkerFailed said so)
     confirm = CONFIRM_SPEEDUP[device]
     if result["status"] == "ok" and result["speedup"] > confirm:
         again = _measure_once(**run)  # fresh worker, fresh seeds
@@ -294,9 +299,10 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
                                    + ("" if agree else " (the two disagreed beyond their noise: not cached)"))
     m = Measurement(**base, **result)
     m.wall_s = round(time.perf_counter() - start, 3)
-    # Timeouts and crashes can depend on machine load and limits, and a verdict the harness itself
-    # could not finish is not the candidate's: measure those again next time.
-    if use_cache and cacheable and m.status not in ("timeout", "crashed"):
+    # Timeouts and limits can depend on the machine's load and settings, and a verdict the harness
+    # itself could not finish is not the candidate's: those are measured again next time. What
+    # the parent saw the candidate do itself (an error, a broken protocol, an exit) is cached.
+    if use_cache and cacheable:
         write_atomic(cache_file, json.dumps(m.to_dict()))
     return m
 
@@ -325,8 +331,8 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
             # where the thread has one core, between blocks.
             beside = twin is not None and ws.spare_cores != ws.core
             pin(ref, ws.spare_cores if beside else ws.core)
-            session = _Session(ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin, baseline,
-                               beside)
+            session = _Session(task, ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin,
+                               baseline, beside)
             result = session.run(source)
             if ws.closed:  # another thread ended the workers (an interrupted run): no verdict on the candidate
                 raise HarnessError("the measurement was interrupted (its workers were closed)")
@@ -344,9 +350,9 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
 class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
-    def __init__(self, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None, baseline="eager",
-                 beside=False):
-        self.ref, self.cand, self.dirs, self.baseline = ref, cand, dirs, baseline
+    def __init__(self, task, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None,
+                 baseline="eager", beside=False):
+        self.task, self.ref, self.cand, self.dirs, self.baseline = task, ref, cand, dirs, baseline
         # The worker whose timed calls are the reference's side of each pair: on CPU the twin, on
         # a GPU the reference worker itself (its CUDA events; no twin there yet, docs/MEASUREMENT.md).
         self.timed_ref = twin or ref
@@ -374,7 +380,7 @@ class _Session:
         self.beside = beside  # it has a core of its own (_measure_once); else it works between blocks
         # CPU: each case's arena (_arena) and the reference's outputs (shapes and dtypes, from the
         # twin's checked windows) by case.
-        self.arenas, self.ref_specs = {}, {}
+        self.arenas, self.ref_specs, self.ref_container = {}, {}, {}
         self.twin_clock = None  # CPU: where in the twin's memory its last timed call's time is (Worker.go)
 
     def run(self, source):
@@ -392,17 +398,16 @@ class _Session:
             import_s = time.perf_counter() - t0  # the parent's clock, not the candidate's word
             t1 = time.perf_counter()
             # Seeds are drawn now, after the candidate was loaded. Every correctness call is
-            # checked in full.
-            for case in self.timed_cases:
-                for _ in range(2):
+            # checked in full: TRIALS seeds of every timed case (KernelBench's five trials), and of
+            # every check case (odd shapes, and inputs that expose precision loss).
+            for case in self.timed_cases + self.check_cases:
+                for _ in range(TRIALS if case in self.timed_cases else CHECK_TRIALS):
                     self.pair(case, 1, verify=True, timed=False)
-            for case in self.check_cases:
-                self.pair(case, 1, verify=True, timed=False)
             t2 = time.perf_counter()
             rows = [self.time_case(case) for case in self.timed_cases]
             self._ref_settle()
         except WorkerFailed as e:
-            return dict(status=e.status, message=e.message)
+            return dict(status=e.status, message=e.message, cacheable=e.cacheable)
         except _Outcome as o:
             return dict(status=o.status, message=printable(o.message))
         except HarnessError:
@@ -432,7 +437,12 @@ class _Session:
             self.timed_ref.freeze(time.monotonic() + 60)
         except WorkerFailed as e:
             raise HarnessError(f"the reference's timing twin did not start: {e.message}; {self.timed_ref.log_tail()}") from None
-        self.twin_clock = self._command("ref", {"op": "load", "reference": self.baseline}, "loaded")["clock_at"]
+        # The reference as a candidate's source, loaded the way the candidate's is (Worker.load):
+        # whatever the harness does around a candidate's call it does around the reference's.
+        from tasks import reference_candidate
+        cmd = ({"op": "load", "source": reference_candidate(self.task), "twin": True} if self.baseline == "eager"
+               else {"op": "load", "reference": self.baseline})
+        self.twin_clock = self._command("ref", cmd, "loaded")["clock_at"]
 
     # -- a command to a side that runs only inside its commands ------------------------------------
 
@@ -480,7 +490,10 @@ class _Session:
         cmd = {"id": bid, "op": "prepare", "case": case, "seeds": [secrets.randbits(31) for _ in range(n)], "paths": paths}
         block = dict(id=bid, case=case, names=names, paths=paths, cmd=cmd)
         self.inputs_made += paths
-        self._ref_later(cmd, "prepared", then=lambda reply: block.update(layouts=reply["layouts"]))
+        def made(reply):
+            block.update(layouts=reply["layouts"])
+            self.ref_peak = max(self.ref_peak, reply["peak_bytes"] or 0)
+        self._ref_later(cmd, "prepared", then=made)
         return block
 
     def calls(self, case, n, verify, timed=True, ahead=False):
@@ -491,16 +504,17 @@ class _Session:
         of windows, and the parent reads each side's outputs from its frozen memory right after
         its window: no call sees another call's inputs before its own outputs are fixed, and
         nothing the candidate's process does outside its windows or says about its outputs
-        (but where they are) enters the verdict. Then one call, picked now, is checked in full
-        (always when `verify`, else with VERIFY_SHARE). Returns dict(ref_ms, ref_win, cand_win,
+        (but where they are) enters the verdict. Every call is judged: the candidate's outputs
+        byte for byte the twin's (the reference, run by a trusted process on the same inputs), or
+        else the task's check on both, by the reference worker (_compare_later). `verify` is the
+        GPU's (every call is verified on CPU). Returns dict(ref_ms, ref_win, cand_win,
         cand_first), per pair (ref_ms: the twin's own time of its call, when `timed`)."""
         block, self.ahead = self.ahead, None
         if block is None or block["case"] != case or len(block["paths"]) != n:
             block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
         bid, paths = block["id"], block["paths"]
         self.block_id = bid
-        ref_ms, ref_win, cand_win, cand_first, outputs = [], [], [], [], []
-        checked = None
+        ref_ms, ref_win, cand_win, cand_first, differ = [], [], [], [], []
         try:
             if "layouts" not in block:
                 self._ref_settle(block["cmd"])
@@ -510,17 +524,21 @@ class _Session:
             for j in range(n):
                 arena = self._arena(case, layouts[j])
                 slot = secrets.randbelow(ARENA_SLOTS)
+                if not arena["left"][slot]:
+                    self._fresh(arena)
+                arena["left"][slot] -= 1
                 _copy_into(paths[j], arena["fd"], arena["bases"][slot], layouts[j]["size"])
                 # The twin's checked window first: its outputs are the reference's shapes and dtypes.
                 order = ("cand", "ref") if timed and secrets.randbits(1) else ("ref", "cand")
                 cand_first.append(order[0] == "cand")
+                got = {}
                 for side in order:
                     if timed:
                         where, ns, window = self._go(side, arena["index"], slot)
                     else:
                         where, window = self._checked_window(side, case, arena["index"], slot)
                         ns = None
-                    got = self._read_outputs(side, case, where)
+                    got[side] = self._read_outputs(side, case, where)
                     if side == "ref":
                         ref_win.append(window)
                         if ns is not None:
@@ -528,17 +546,15 @@ class _Session:
                             self._saw_call(case, "ref", ns / 1e6)
                     else:
                         cand_win.append(window)
-                        outputs.append(got)
                 if timed:
                     self._saw_call(case, "cand", cand_win[-1] - (ref_win[-1] - ref_ms[-1]))
-            if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
-                j = secrets.randbelow(n)  # the reference worker runs this call on the same file to check it
-                self._check_later(case, j, outputs[j], {"path": paths[j], "layout": layouts[j]})
-                checked = j
+                if got["cand"] != got["ref"]:  # not the reference's very bytes: the task's check decides
+                    differ.append((got["cand"], got["ref"]))
+            if differ:
+                self._compare_later(case, differ)
         finally:
-            for i, p in enumerate(paths):
-                if i != checked:  # the picked call's file goes once its check has run
-                    _unlink(p)
+            for p in paths:
+                _unlink(p)
         return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win, cand_first=cand_first)
 
     def _arena(self, case, layout):
@@ -546,7 +562,8 @@ class _Session:
         is seen, or again when a call's layout differs from the one its views were built for: a
         file of ARENA_SLOTS slots in the folder both sandboxes see read-only, each slot at its
         own random 64-byte offset of a page (where a call's inputs sit against its outputs'
-        addresses, their cache sets, varies from call to call instead of repeating)."""
+        addresses, their cache sets, varies from call to call instead of repeating). Each side
+        builds FRESH_PER_SLOT sets of input objects over each slot (`left`: those not yet used)."""
         key = case_str(case)
         arena = self.arenas.get(key)
         if arena is not None and arena["layout"] == layout:
@@ -560,12 +577,22 @@ class _Session:
         if arena is not None:
             os.close(arena["fd"])
             _unlink(arena["path"])
-        arena = self.arenas[key] = dict(index=index, path=path, fd=fd, layout=layout, bases=bases)
+        arena = self.arenas[key] = dict(index=index, path=path, fd=fd, layout=layout, bases=bases,
+                                        left=[FRESH_PER_SLOT] * ARENA_SLOTS)
         self.inputs_made.append(path)
-        cmd = {"op": "setup", "case_index": index, "arena": path, "layout": layout, "bases": bases}
+        cmd = {"op": "setup", "case_index": index, "arena": path, "layout": layout, "bases": bases,
+               "fresh": FRESH_PER_SLOT}
         for side in ("ref", "cand"):
             self._command(side, cmd, "set")
         return arena
+
+    def _fresh(self, arena):
+        """CPU: both sides build new input objects for every slot of the arena (Worker.fresh), an
+        untimed command between windows (its CPU is each side's time outside its windows)."""
+        cmd = {"op": "fresh", "case_index": arena["index"], "per_slot": FRESH_PER_SLOT}
+        for side in ("ref", "cand"):
+            self._command(side, cmd, "freshened")
+        arena["left"] = [FRESH_PER_SLOT] * ARENA_SLOTS
 
     def _go(self, side, case_index, slot):
         """CPU: one side's timed window on arena slot `slot`: (where its outputs are, the twin's
@@ -599,12 +626,13 @@ class _Session:
         key = case_str(case)
         if side == "ref":
             self.ref_specs[key] = reply["specs"]
+            self.ref_container[key] = reply["container"]
             self.bytes_per_call[key] = reply["bytes_per_call"]
         else:
             self.check_spec(case, self.ref_specs[key], reply["specs"])
         if reply["where"] is None:
             if side == "ref":
-                raise HarnessError("the reference's timing twin returned outputs that are not tensors")
+                raise HarnessError("the timed reference (the twin) returned outputs that are not tensors")
             raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(reply['specs'])}")
         try:
             where = parse_where(reply["where"].encode())
@@ -617,7 +645,7 @@ class _Session:
         one bytes object per output, sized by the reference's shape and the output's dtype (the
         reference's, or one the task allows). Nothing the worker says enters the verdict but where
         the bytes are: a lie about that reads the wrong bytes, which the check rejects. The twin's
-        are read too, and dropped: so that both sides' memory is touched alike between windows."""
+        are the expected outputs of the same call (calls)."""
         spec = self.ref_specs[case_str(case)]
         where_ = case_str(case)
         if len(where) != len(spec):
@@ -812,22 +840,26 @@ class _Session:
         if cand["in_digests"] != ref["in_digests"]:
             raise _Outcome("incorrect", f"{where}: the candidate modified its input tensors")
 
-    def _check_later(self, case, j, got, ref_input):
-        """CPU: the candidate's outputs of call j (read from its frozen memory: [(dtype, bytes)])
-        checked in full by the reference worker, which runs that call itself on the same input
-        file on the other core while the next block is timed; its verdict is read before that
-        block's inputs (_ref_settle), so a wrong answer still ends the measurement."""
+    def _compare_later(self, case, differ):
+        """CPU: the calls of a block whose candidate outputs are not byte for byte the twin's,
+        judged by the reference worker with the task's own check against the twin's outputs of
+        the same call (Worker.compare), on the other core while the next block is timed; its
+        verdict is read before that block's inputs (_ref_settle), so a wrong answer still ends
+        the measurement. `differ`: [(the candidate's [(dtype, bytes)], the twin's)] per call."""
         t0 = time.perf_counter()
-        payload = b"".join(data for _, data in got)
+        key = case_str(case)
+        payload = b"".join(data for cand, ref in differ for data in [d for _, d in cand] + [d for _, d in ref])
         _room_for(self.dirs["handover"], len(payload))
         path = os.path.join(self.dirs["handover"], f"out-{self.block_id}-{new_token()}.bin")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        cmd = {"id": self.block_id, "op": "check", "path": path, "index": j, "case": case,
-               "input": ref_input, "dtypes": [d for d, _ in got]}
+        short = lambda got: [d.removeprefix("torch.") for d, _ in got]  # noqa: E731
+        cmd = {"id": self.block_id, "op": "compare", "path": path, "case": case,
+               "shapes": [spec["shape"] for spec in self.ref_specs[key]], "container": self.ref_container[key],
+               "calls": [{"cand": short(cand), "ref": short(ref)} for cand, ref in differ]}
         try:
-            self._ref_later(cmd, "checked", then=self._checked, files=[path, ref_input["path"]])
+            self._ref_later(cmd, "checked", then=self._checked, files=[path])
         except HarnessError:
             _unlink(path)
             raise

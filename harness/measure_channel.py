@@ -35,7 +35,7 @@ import threading
 import time
 import unicodedata
 
-from harness.measure_sandbox import (MAX_TASKS, SANDBOX_UID, WORKER, Sandbox, after_join_filter, can_undo_idle,
+from harness.measure_sandbox import (MAX_TASKS, WORKER, Sandbox, after_join_filter, can_undo_idle, fresh_host_uid,
                                      sandbox_plan, threads, wait_until, wake_up, worker_env)
 from harness.measure_worker import IDLE_ENV, ISOLATE_ENV
 
@@ -47,11 +47,14 @@ WATCH_EVERY = 0.05            # seconds between two looks at a sandbox's limits
 
 
 class WorkerFailed(Exception):
-    """A worker's fate, with the status it earns when the worker is the candidate's."""
+    """A worker's fate, with the status it earns when the worker is the candidate's, and whether
+    that verdict may be cached: yes where it is the candidate's own doing as the parent saw it (its
+    reported error, a broken protocol, its process's exit), no where a limit or a deadline, which
+    the machine's load or settings move, decided it."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, cacheable=False):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.cacheable = status, message, cacheable
 
 
 def printable(text, limit=MAX_TEXT):
@@ -90,8 +93,9 @@ CANDIDATE_REPLIES = {
     "ready": {"role": str, "pid": int},
     "loaded": {},
     "set": {},
+    "freshened": {},
     "ran": {"id": int, "index": int, "spec": [TENSOR_SPEC], "out_digests": Opt([str]), "in_digests": [str]},
-    "called": {"specs": [TENSOR_SPEC], "where": Opt(str)},
+    "called": {"specs": [TENSOR_SPEC], "where": Opt(str), "container": Opt(str)},
     "bytes": {"id": int, "n": int},
     "error": {"error": str, "message": str},
 }
@@ -100,7 +104,7 @@ REFERENCE_REPLIES = {
     "ready": {"role": str, "pid": int, "cases": Opt(Raw), "min_bytes": Opt([int]), "copy_bandwidth": Opt(float),
               "allowed_dtypes": Opt([str])},
     "loaded": {"clock_at": Opt(int)},
-    "prepared": {"id": int, "layouts": Raw},
+    "prepared": {"id": int, "layouts": Raw, "peak_bytes": Opt(int)},
     "called": {**CANDIDATE_REPLIES["called"], "bytes_per_call": int},
     "ran": {**CANDIDATE_REPLIES["ran"], "ms": float, "bytes_per_call": int, "peak_bytes": int},
     "checked": {"id": int, "ok": bool, "forged": Opt(bool), "message": str, "peak_bytes": Opt(int)},
@@ -201,7 +205,7 @@ class WorkerProcess:
     protocol violations are the harness's failures, not a candidate's."""
 
     def __init__(self, role, task, device, *, plan, memory_bytes, visible=None, binds_rw=(), binds_ro=(),
-                 baseline="eager", trusted=None, hash_seed=None, idle=False):
+                 baseline="eager", trusted=None, hash_seed=None, idle=False, host_uid=None):
         self.role, self.memory_bytes = role, memory_bytes
         self.trusted = role == "reference" if trusted is None else trusted
         argv = [sys.executable, "-B", WORKER, role, task, device] + (["compile"] if baseline == "compile" else [])
@@ -222,7 +226,7 @@ class WorkerProcess:
         # randomisation; the reference worker, which reads a candidate's bytes, keeps it).
         self.sandbox = Sandbox.start(argv, device, plan, memory_bytes=memory_bytes, env=env,
                                      fixed_layout=role == "candidate" and device == "cpu",
-                                     binds_rw=binds_rw, binds_ro=binds_ro, idle=idle)
+                                     binds_rw=binds_rw, binds_ro=binds_ro, idle=idle, host_uid=host_uid)
         self.proc = self.sandbox.popen
         self.out, self.err, self.cmd = self.proc.stdout.fileno(), self.proc.stderr.fileno(), self.proc.stdin.fileno()
         for fd in (self.out, self.err, self.cmd):
@@ -274,18 +278,25 @@ class WorkerProcess:
         self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
         self.watch()  # a limit crossed during the command ends it, whatever the reply says
         if b"\n" not in self.buf[:MAX_LINE + 1]:
-            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
+            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB", True)
         line, _, rest = bytes(self.buf).partition(b"\n")
         self.buf = bytearray(rest)
         try:
             msg = parse_reply(line, op, trusted=self.trusted)
         except ProtocolError as e:
-            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
+            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}", True) from None
         if msg["op"] == "ready":
             self._main_pid()
         if msg["op"] == "error":
-            status = msg["error"] if msg["error"] in ("runtime_error", "crashed", "compile_error") else "crashed"
-            raise WorkerFailed(status, msg["message"])
+            if self.trusted:  # the harness's own side: measure.py makes it a HarnessError
+                raise WorkerFailed("crashed", msg["message"])
+            # A candidate's account of its own failure: its words, said to be its worker's, and
+            # the status of a kernel that failed to load or to run. Never `crashed` (or any word of
+            # the harness's): that the parent decides from what it sees (the process's end, the
+            # cgroup's limits, its own deadlines), and a candidate that could claim it would be
+            # measured again every time it is proposed.
+            raise WorkerFailed("compile_error" if op == "loaded" else "runtime_error",
+                               f"the candidate's worker reported: {msg['message']}", cacheable=True)
         return msg
 
     def recv_where(self, deadline):
@@ -293,7 +304,7 @@ class WorkerProcess:
         is the kernel's error, raised as WorkerFailed."""
         self._pump(deadline, lambda: b"\n" in self.buf or len(self.buf) > MAX_LINE)
         if b"\n" not in self.buf[:MAX_LINE + 1]:
-            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB")
+            raise WorkerFailed("rejected", "the worker broke the measurement protocol: a reply line over 1 MB", True)
         line, _, rest = bytes(self.buf).partition(b"\n")
         if line[:1] == b"{":
             self.recv(deadline, "error")  # raises: the kernel's error, or a reply out of place
@@ -301,7 +312,7 @@ class WorkerProcess:
         try:
             return parse_where(line)
         except ProtocolError as e:
-            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}") from None
+            raise WorkerFailed("rejected", f"the worker broke the measurement protocol: {e}", True) from None
 
     def recv_bytes(self, n, deadline):
         self._pump(deadline, lambda: len(self.buf) >= n)
@@ -339,7 +350,7 @@ class WorkerProcess:
                     self.log = (self.log + chunk)[-8192:]
                     if self.log_bytes > MAX_LOG:
                         self.kill()
-                        raise WorkerFailed("crashed", "output flood: more than 64 MB written to stdout/stderr (killed)")
+                        raise WorkerFailed("crashed", "output flood: more than 64 MB written to stdout/stderr (killed)", True)
 
     def _died(self):
         try:
@@ -359,7 +370,8 @@ class WorkerProcess:
                 how += " (a write into a read-only input tensor ends this way: candidates must not modify their inputs)"
         else:
             how = f"exited with code {code}"
-        raise WorkerFailed("crashed", f"worker {how} before reporting; last output: {self.log_tail()[-300:]}")
+        # the process ended by its own doing (an exit, a fatal signal): the candidate's verdict
+        raise WorkerFailed("crashed", f"worker {how} before reporting; last output: {self.log_tail()[-300:]}", True)
 
     def log_tail(self):
         lines = bytes(self.log).decode("utf-8", "replace").strip().splitlines()
@@ -643,11 +655,11 @@ def _remove_stale_exchanges(place):
             pass  # alive (another user's process: not ours to remove)
 
 
-def _private_dir(prefix, owner_is_sandbox):
+def _private_dir(prefix, owner=None):
     path = tempfile.mkdtemp(dir=exchange(), prefix=prefix)
     os.chmod(path, 0o755)
-    if owner_is_sandbox:
-        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    if owner is not None:  # the host uid of the sandboxed worker that writes there
+        os.chown(path, owner, owner)
     return path
 
 
@@ -702,6 +714,7 @@ class WorkerSet:
         self.references, self.spares, self.last_key = {}, {}, None
         self.started = []  # every worker this set started and has not seen end: close() ends them
         self.dirs, self.closed = None, False
+        self.reference_uid = fresh_host_uid()  # as root: its reference workers' host uid (_dirs)
         # One core runs this set's reference and candidate while a candidate is measured (they
         # never run at once): the two sides of every comparison on the same hardware, and a
         # booting spare elsewhere, so that importing torch does not run beside a timed call.
@@ -716,17 +729,18 @@ class WorkerSet:
         _SETS_MADE += 1
 
     def _dirs(self, plan):
-        drop = plan is not None and plan.drop_uid
+        # As root, the reference worker's sandbox runs as a host uid of its own, which owns the
+        # folder it writes the inputs into (and nothing else does).
+        owner = self.reference_uid if plan is not None and plan.drop_uid else None
         with self.lock:
             if self.closed:
                 raise WorkerFailed("crashed", "the measurement's workers were closed (interrupted)")
             if self.dirs is None:
-                self.dirs = {"inputs": _private_dir("inputs-", drop), "shown": _private_dir("shown-", False),
-                             "handover": _private_dir("handover-", False)}
-            elif drop and os.stat(self.dirs["inputs"]).st_uid != SANDBOX_UID:
-                # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread: a sandboxed
-                # reference worker runs as the sandbox's uid and writes the inputs there
-                os.chown(self.dirs["inputs"], SANDBOX_UID, SANDBOX_UID)
+                self.dirs = {"inputs": _private_dir("inputs-", owner), "shown": _private_dir("shown-"),
+                             "handover": _private_dir("handover-")}
+            elif owner is not None and os.stat(self.dirs["inputs"]).st_uid != owner:
+                # made by an unsandboxed measurement (--unsafe-no-sandbox) of this thread
+                os.chown(self.dirs["inputs"], owner, owner)
             return dict(self.dirs)
 
     def _start(self, *args, **kw):
@@ -754,7 +768,8 @@ class WorkerSet:
         plan = sandbox_plan() if sandboxed else None
         d = self._dirs(plan)
         w = self._start("reference", task, device, plan=plan, memory_bytes=math.inf, visible=self.visible,
-                        binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]], baseline=baseline)
+                        binds_rw=[(d["inputs"], d["inputs"])], binds_ro=[d["handover"]], baseline=baseline,
+                        host_uid=self.reference_uid)
         try:
             found = (w, w.recv(time.monotonic() + 600, "ready"))
         except WorkerFailed as e:

@@ -23,10 +23,14 @@ provide, not rules of our own:
                 the candidate ever started, reaped or not, which is the clock measure.py trusts on
                 CPU; its memory limit counts what the candidate holds in memfds, tmpfs and page
                 cache; its task limit counts threads.
-  uid           the sandbox runs as uid 65534 (nobody) inside; when this process is root, also
-                outside: the host sees an unprivileged user, not root.
-  rlimits       file descriptors, file size and core dumps, set from outside before the sandbox
-                starts.
+  uid           the sandbox runs as uid 65534 (nobody) inside; when this process is root, outside
+                as a host uid of its own, drawn for it from a range no user has (fresh_host_uid): the
+                kernel's per-user counts (pipe buffers, epoll watches, descriptors in flight, ...)
+                are then that sandbox's alone, and nothing it fills is anyone else's.
+  rlimits       set from outside before the sandbox starts: file descriptors, file size, core
+                dumps, and the counts the kernel charges to the user that created the sandbox's
+                user namespace whatever uid runs inside (pending signals, processes, locked
+                memory, message-queue bytes), so that no sandbox can fill them for the host.
 
 A sandbox starts blocked: bwrap creates its namespaces, tells us its pids, and waits; we put both
 processes in the cgroup, set their limits and write the uid map, then let it go on. So nothing
@@ -54,8 +58,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
 WORKER = os.path.join(ROOT, "harness", "measure_worker.py")
 SANDBOX_UID = 65534           # nobody
+# As root, each sandbox's uid 65534 is a host uid of its own from this range (fresh_host_uid): far above
+# the uids of users, of systemd's dynamic users (61184-65519) and of the usual subordinate ranges
+# containers map (100000 and up, 65536 each).
+HOST_UID_BASE, HOST_UID_SPAN = 0x7A000000, 1 << 24
 MAX_TASKS = 128               # threads and processes in one sandbox (a worker runs about ten)
 MAX_FILES = 1024              # open file descriptors
+MAX_PENDING_SIGNALS = 64      # queued signals: charged to the namespace's creator (root) too
+MAX_LOCKED_BYTES = 64 << 10   # mlock()ed memory
 MAX_FILE_BYTES = 1 << 30      # the largest file a sandbox may write (its /tmp is memory)
 TMP_BYTES, SHM_BYTES = 2 << 30, 1 << 30
 # Files of /proc that show more than the sandbox's own processes, and that no kernel, Python,
@@ -209,7 +219,9 @@ def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
             argv.extend(["--symlink", os.readlink(top), top])
         elif os.path.isdir(top):
             bind("--ro-bind", top, top)
-    argv.extend(["--proc", "/proc", "--dev", "/dev"])
+    # A minimal /dev, less the pseudo-terminal multiplexer: each terminal opened there is taken
+    # from a machine-wide count (kernel.pty.max less what the host's own instance keeps)
+    argv.extend(["--proc", "/proc", "--dev", "/dev", "--ro-bind", "/dev/null", "/dev/pts/ptmx"])
     for view in HOST_VIEWS:  # the sandbox's own /proc, less what it shows of the host and its users
         if os.path.exists(f"/proc/{view}"):
             argv.extend(["--ro-bind", "/dev/null", f"/proc/{view}"])
@@ -317,7 +329,19 @@ DENIED = ["ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getf
           # instances, the message-queue bytes)
           "inotify_init", "inotify_init1", "mq_open",
           # pages handed to a pipe by reference stay the writer's to change after they were sent
-          "vmsplice"]
+          "vmsplice",
+          # work the kernel would do on the sandbox's behalf later, while it is frozen and the
+          # other side of a pair is timed on the same core: a timer's expiry (and every waiter it
+          # wakes: thousands of epoll instances watching one timerfd) runs in interrupt context,
+          # charged to whichever task is running then. A kernel needs no timer: its waits are
+          # sleeps and timeouts, which the freeze interrupts (measure_channel.WorkerProcess.freeze)
+          "timer_create", "timerfd_create", "setitimer", "alarm",
+          # asynchronous I/O completes later, outside the windows too, and its contexts are a
+          # machine-wide count (fs.aio-max-nr): one sandbox could take every slot
+          "io_setup", "io_submit", "io_cancel", "io_destroy", "io_getevents", "io_pgetevents",
+          # the one unix socket a sandbox could make (socket() is refused below): descriptors in
+          # flight over it are a per-user count of the host's
+          "socketpair"]
 # Where no cgroup counts memory: memory a process can hold without mapping it.
 DENIED_WITHOUT_CGROUP = ["memfd_create", "shmget"]
 # Refused by the worker's second filter, which it installs itself once it has joined its fresh
@@ -328,6 +352,7 @@ DENIED_AFTER_JOIN = ["keyctl", "add_key", "request_key"]
 CLONE_THREAD = 0x00010000
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 KEYCTL_JOIN_SESSION_KEYRING = 1
+F_SETPIPE_SZ = 1031
 _FILTERS = {}
 
 
@@ -353,6 +378,9 @@ def seccomp_filter(no_processes, no_hidden_memory):
         # unix, netlink and vsock sockets reach past it (a host socket bound by mistake, the
         # kernel's netlink families, the hypervisor); socketpair stays
         f.add_rule(sc.ERRNO(errno.EACCES), "socket")
+        # a pipe's buffer is charged to the user (fs.pipe-user-pages-soft): the default 64 KB, never
+        # more (F_SETPIPE_SZ)
+        f.add_rule(eperm, "fcntl", sc.Arg(1, sc.EQ, F_SETPIPE_SZ))
         # clone3 passes its flags in memory, which seccomp cannot read: ENOSYS makes glibc use
         # clone, whose flags it can (threads and processes both start through it)
         f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
@@ -632,7 +660,7 @@ class Plan:
         if self.problem:
             return "none"
         parts = ["bubblewrap", "seccomp",
-                 f"uid {SANDBOX_UID} " + ("(host uid too)" if self.drop_uid else "(your uid outside)")]
+                 f"uid {SANDBOX_UID} " + ("(a host uid of its own)" if self.drop_uid else "(your uid outside)")]
         if self.cgroups:
             versions = sorted({v for v, _ in self.cgroups.values()})
             parts.append(f"cgroup v{'+v'.join(map(str, versions))} ({', '.join(sorted(self.cgroups))})")
@@ -733,9 +761,10 @@ class Sandbox:
 
     @classmethod
     def start(cls, command, device, plan, *, memory_bytes, env=None, binds_rw=(), binds_ro=(), stderr=subprocess.PIPE,
-              fixed_layout=False, idle=False):
+              fixed_layout=False, idle=False, host_uid=None):
         """Start `command` in a new sandbox, blocked until it is in its cgroup, under its limits
-        and (as root) mapped to an unprivileged host uid. plan=None: no sandbox (--unsafe-no-sandbox).
+        and (as root) mapped to an unprivileged host uid of its own (`host_uid`: default a fresh
+        one). plan=None: no sandbox (--unsafe-no-sandbox).
         fixed_layout: without address-space randomisation (see fixed_address_layout); idle: at
         idle priority until woken (idle_priority)."""
         if plan is None:
@@ -781,9 +810,9 @@ class Sandbox:
             for pid in (popen.pid, child):
                 if cgroup:
                     cgroup.add(pid)
-                for limit, value in ((_RLIMIT_NOFILE, MAX_FILES), (_RLIMIT_FSIZE, MAX_FILE_BYTES), (_RLIMIT_CORE, 0)):
+                for limit, value in SANDBOX_LIMITS:
                     _prlimit(pid, limit, value)
-            _map_ids(child, plan.drop_uid)
+            _map_ids(child, plan.drop_uid, host_uid)
             os.write(block_w, b"1")
         except BaseException as e:
             popen.kill()
@@ -836,13 +865,21 @@ def _read_info(fd, popen, timeout=30):
     return int(json.loads(data)["child-pid"])
 
 
-def _map_ids(pid, drop_uid):
-    """The sandbox's uid/gid maps, written from outside. As root: 0 (bwrap, building mounts) and
-    nobody, each to itself. Otherwise: nobody inside is this user outside (all an unprivileged
-    process may map)."""
+def fresh_host_uid():
+    """A host uid for one sandbox (as root): drawn from a range no user has (HOST_UID_BASE), so
+    that the kernel's per-user counts of what it holds are its own."""
+    return HOST_UID_BASE + secrets.randbelow(HOST_UID_SPAN)
+
+
+def _map_ids(pid, drop_uid, outside=None):
+    """The sandbox's uid/gid maps, written from outside. As root: 0 to itself (bwrap, building
+    mounts, until setpriv drops it) and nobody to the sandbox's own host uid (`outside`, default
+    a fresh one). Otherwise: nobody inside is this user outside (all an unprivileged process may
+    map)."""
     if drop_uid:
-        _write(f"/proc/{pid}/uid_map", f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
-        _write(f"/proc/{pid}/gid_map", f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
+        outside = fresh_host_uid() if outside is None else outside
+        _write(f"/proc/{pid}/uid_map", f"0 0 1\n{SANDBOX_UID} {outside} 1\n")
+        _write(f"/proc/{pid}/gid_map", f"0 0 1\n{SANDBOX_UID} {outside} 1\n")
     else:
         _write(f"/proc/{pid}/uid_map", f"{SANDBOX_UID} {os.geteuid()} 1\n")
         _write(f"/proc/{pid}/setgroups", "deny")
@@ -858,7 +895,15 @@ def _drain(popen):
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_RLIMIT_FSIZE, _RLIMIT_CORE, _RLIMIT_NOFILE = 1, 4, 7
+_RLIMIT_FSIZE, _RLIMIT_CORE, _RLIMIT_NPROC, _RLIMIT_NOFILE, _RLIMIT_MEMLOCK = 1, 4, 6, 7, 8
+_RLIMIT_SIGPENDING, _RLIMIT_MSGQUEUE = 11, 12
+# Every sandbox's limits (the module docstring): its tasks (bubblewrap's own two besides the
+# cgroup's MAX_TASKS), pending signals, locked memory and message-queue bytes are counted, since
+# Linux 5.14, per user namespace and charged up to the user who created it (root, or you): these
+# caps keep each sandbox's share of the creator's counts small.
+SANDBOX_LIMITS = ((_RLIMIT_NOFILE, MAX_FILES), (_RLIMIT_FSIZE, MAX_FILE_BYTES), (_RLIMIT_CORE, 0),
+                  (_RLIMIT_NPROC, MAX_TASKS + 8), (_RLIMIT_SIGPENDING, MAX_PENDING_SIGNALS),
+                  (_RLIMIT_MEMLOCK, MAX_LOCKED_BYTES), (_RLIMIT_MSGQUEUE, 0))
 
 
 class _Rlimit(ctypes.Structure):

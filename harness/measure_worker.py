@@ -260,34 +260,41 @@ class Worker:
 
         from tasks import get_task
         self.role, self.device, self.out = role, device, out
-        self.task = get_task(task_name)
-        self.fn = self.reference_fn(baseline) if role == "reference" else None
-        # Whose per-call times the parent reads: the reference worker's, and on CPU the timing
-        # twin's (a candidate worker that loaded the reference: load), never a candidate's.
-        self.reports_times = role == "reference"
+        self.task_name, self.task = task_name, get_task(task_name)
         torch.backends.cuda.matmul.allow_tf32 = False  # one precision for both sides
         torch.backends.cudnn.allow_tf32 = False
         if device == "cpu":
             torch.set_num_threads(1)  # steadier times on a shared machine
             patch_triton_when_imported()
+        # Whose per-call times the parent reads: the reference worker's, and on CPU the timing
+        # twin's (a candidate worker that loaded the reference: load), never a candidate's.
+        self.reports_times = role == "reference"
+        self.fn = self.reference_fn(baseline) if role == "reference" else None
         # No mode differs between a checked call and a timed one (a kernel could tell them apart),
         # so no NaN-filled allocations for checks only: every call has fresh inputs, and output
         # elements a kernel leaves unwritten hold values of other inputs, which the check rejects.
         self.timer = CudaTimer() if device == "cuda" else None
         self.block = None  # (id, case, inputs, outputs) of the last block
-        self.prepared = {}  # reference, CPU: block id -> each call's input tensors, as generated
-        self.arenas, self.views = {}, {}  # CPU: arena path -> its mapping; case index -> inputs per slot
+        # CPU: arena path -> its mapping; case index -> per arena slot, the input objects not yet
+        # used (each call takes its own: fresh); those used, kept until the next untimed command
+        self.arenas, self.views, self.spent = {}, {}, []
         self.held = None  # CPU: the last window's outputs, alive until the parent has read them
         self.clock = array.array("q", [0])  # CPU: the last timed call's wall ns (go), where the parent reads it
         self.reply_fd = out.fileno() if hasattr(out, "name") else None  # a real file (tests pass a BytesIO)
 
     def reference_fn(self, baseline):
-        import torch
-        fn = self.task.reference
+        """The reference as the timed side calls it: the task's reference as a candidate source
+        (tasks.reference_candidate), imported the way a candidate is (import_kernel), so that
+        whatever the harness does around a candidate's call (a KernelBench model built and called
+        under no_grad) it does around the reference's too; or, for KernelBench's second baseline,
+        the reference as torch.compile makes it (its first calls, the correctness calls, compile)."""
         if baseline == "compile":
-            # KernelBench's second baseline: the reference as torch.compile makes it. Its first
-            # calls (the correctness calls) compile; its outputs are the ones candidates must match.
-            fn = torch.compile(fn)
+            import torch
+            return torch.compile(self.task.reference)
+        from tasks import reference_candidate
+        fn = self.import_kernel(reference_candidate(self.task_name))
+        if isinstance(fn, dict):  # the task's own reference failed to import: the harness's failure
+            raise RuntimeError(f"the task's reference did not load: {fn['message']}")
         return fn
 
     def send(self, obj, payload=b""):
@@ -298,37 +305,49 @@ class Worker:
     # -- commands ------------------------------------------------------------------------------
 
     def load(self, cmd):
-        """Import the candidate from a real file in the sandbox's private /tmp (@triton.jit reads
-        its function's source from the file). The parent times the import itself: no figure of
-        a verdict comes from the candidate's process."""
-        import importlib.util
-        if cmd.get("reference"):  # the timing twin (measure.py): this task's reference, not a file
+        """Load the kernel the parent sent (import_kernel). The parent times the import itself: no
+        figure of a verdict comes from the candidate's process. The timing twin loads the task's
+        reference the same way (`twin`: it then reports where its calls' times are), or for the
+        compile baseline the compiled reference (`reference`)."""
+        if cmd.get("reference"):
             self.fn, self.reports_times = self.reference_fn(cmd["reference"]), True
+            return {"op": "loaded", "clock_at": self.clock.buffer_info()[0]}
+        fn = self.import_kernel(cmd["source"])
+        if isinstance(fn, dict):
+            return fn
+        self.fn = fn
+        if cmd.get("twin"):
+            self.reports_times = True
             return {"op": "loaded", "clock_at": self.clock.buffer_info()[0]}  # where its calls' times are
-        source = cmd["source"]
+        return {"op": "loaded"}
+
+    def import_kernel(self, source):
+        """The callable of a kernel's source, imported from a real file in this worker's private
+        /tmp (@triton.jit reads its function's source from the file): its `custom_kernel`, or what
+        the task builds from the module (a KernelBench task builds ModelNew); or an error reply."""
+        import importlib.util
         if len(source) > MAX_SOURCE:
             return {"op": "error", "error": "compile_error", "message": "candidate source over 1 MB"}
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), CANDIDATE_FILE)
         with open(path, "w") as f:
             f.write(source)
         # GPU MODE's template imports `task` (input_t, output_t): its stand-in is on the path.
-        sys.path.insert(0, os.path.join(ROOT, "tasks", "gpumode_shim"))
+        shim = os.path.join(ROOT, "tasks", "gpumode_shim")
+        if shim not in sys.path:
+            sys.path.insert(0, shim)
         try:
             spec = importlib.util.spec_from_file_location("candidate_kernel", path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             entry = getattr(self.task, "entry_point", None)  # a KernelBench task builds ModelNew
             fn = entry(module, self.device) if entry else getattr(module, "custom_kernel", None)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001 - any failure to import is the candidate's compile error
+        except BaseException as e:  # noqa: BLE001 - any failure to import (sys.exit too) is the candidate's compile error
             return {"op": "error", "error": "compile_error", "message": describe_error(e, self.device)}
         if fn is None:
             return {"op": "error", "error": "compile_error", "message": "the candidate does not define custom_kernel(data)"}
         if not callable(fn):
             return {"op": "error", "error": "compile_error", "message": "custom_kernel is not callable"}
-        self.fn = fn
-        return {"op": "loaded"}
+        return fn
 
     def prepare(self, cmd):
         """Reference role, on CPU: make the inputs of every seed of a block and write each call's,
@@ -336,12 +355,9 @@ class Worker:
         after the other, 64-byte aligned: the same layout for every call of a case. The parent
         copies a call's file into the arena the timed workers map read-only (setup) only while
         they are frozen, just before that call's window: the inputs they get are the trusted
-        side's, they cannot change them, and no call's inputs exist for them before its window.
-        The tensors stay here while the block after next is made: the check compares the file with
-        them, and the parent makes a block while the one before it is timed and then checked."""
+        side's, they cannot change them, and no call's inputs exist for them before its window."""
         collect_between_calls()
-        self.prepared = dict(list(self.prepared.items())[-1:])  # the block made last (ids restart per measurement)
-        layouts, kept = [], []
+        layouts = []
         for seed, path in zip(cmd["seeds"], cmd["paths"]):
             data = self.task.generate_input(cmd["case"], seed, device="cpu")
             found, tensors, pos = [], [], 0
@@ -356,37 +372,54 @@ class Worker:
                     f.write(bytes(pad))
                     pos += raw.nbytes + pad
             layouts.append({"calls": [call], "tensors": tensors, "size": pos})
-            kept.append(found)
-        self.prepared[cmd["id"]] = kept
-        return {"op": "prepared", "id": cmd["id"], "layouts": layouts}
+        return {"op": "prepared", "id": cmd["id"], "layouts": layouts, "peak_bytes": peak_memory_bytes(self.device)}
 
     # -- CPU: the arena and the two kinds of window ----------------------------------------------
 
     def setup(self, cmd):
         """CPU, untimed: map a case's arena (a file the parent writes, read-only here) once, and
-        build the case's inputs over each of its slots as tensors now, so that a window holds
-        nothing of the harness but reading its command, the call and its reply."""
+        build `fresh` sets of the case's input objects over each of its slots now, so that a
+        window holds nothing of the harness but reading its command, the call and its reply."""
         mm = self.arenas.get(cmd["arena"])
         if mm is None:
             mm = self.arenas[cmd["arena"]] = map_file(cmd["arena"])
-        self.views[cmd["case_index"]] = [views(mm, cmd["layout"], base)[0] for base in cmd["bases"]]
+        self.views[cmd["case_index"]] = {"mm": mm, "layout": cmd["layout"], "bases": cmd["bases"],
+                                         "slots": [[] for _ in cmd["bases"]]}
+        return self.fresh({"case_index": cmd["case_index"], "per_slot": cmd["fresh"]}, "set")
+
+    def fresh(self, cmd, op="freshened"):
+        """CPU, untimed: each arena slot of a case topped up to `per_slot` sets of input objects
+        not yet used. Every call takes a set of its own (new tensors, tuples and dicts over the
+        slot's bytes), as the original harnesses hand each call objects of its own: a kernel may
+        keep what it derived from its inputs on them (a dict of weights given a cache), and the
+        next call must not find it there. Building them here keeps it out of the windows; the
+        sets the last calls used are let go here too, not in a window."""
+        case = self.views[cmd["case_index"]]
+        for base, left in zip(case["bases"], case["slots"]):
+            while len(left) < cmd["per_slot"]:
+                left.append(views(case["mm"], case["layout"], base)[0])
+        self.spent = []
         collect_between_calls()
-        return {"op": "set"}
+        return {"op": op}
+
+    def _take(self, case_index, slot):
+        """A call's own input objects (fresh); kept, once used, until the next untimed command."""
+        data = self.views[case_index]["slots"][slot].pop()
+        self.spent.append(data)
+        return data
 
     def call(self, cmd):
         """CPU: a checked window (the correctness calls): the call on the inputs in arena slot
         `slot` of case `case_index`, and a full description of its outputs, which the parent
         compares with the reference's before it reads their bytes (spec_of)."""
         self.held = None
-        data = self.views[cmd["case_index"]][cmd["slot"]]
+        data = self._take(cmd["case_index"], cmd["slot"])
         try:
             out = self.fn(data)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
+        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel (sys.exit too) is its runtime error
             return {"op": "error", "error": "runtime_error", "message": f"{case_str(cmd['case'])}: {describe_error(e, self.device)}"}
         self.held = out
-        reply = {"op": "called", "specs": spec_of(out)}
+        reply = {"op": "called", "specs": spec_of(out), "container": type(out).__name__}
         try:
             reply["where"] = where(out).decode()
         except (AttributeError, TypeError, RuntimeError):
@@ -401,31 +434,64 @@ class Worker:
         freezes it again after the reply; it reads the clock and the outputs' bytes while the
         process is frozen. So everything the candidate's process does from the command to the
         reply is its time, and nothing of the harness runs in it that a candidate could make
-        cheaper: reading the command, the call, where its outputs are, writing the reply. Both
-        sides also time the call with the wall clock, two vDSO reads (tens of nanoseconds), into
-        `self.clock`: the parent reads the twin's from its frozen memory, for the reference's
-        time per call, and never the candidate's (the same code on both sides, the same reply)."""
+        cheaper: reading the command, taking the call's input objects (built before, setup and
+        fresh), the call, where its outputs are, writing the reply. Both sides also time the call
+        with the wall clock, two vDSO reads (tens of nanoseconds), into `self.clock`: the parent
+        reads the twin's from its frozen memory, for the reference's time per call, and never the
+        candidate's (the same code on both sides, the same reply)."""
         self.held = None  # the last window's outputs, read by the parent: freed now, in the window
         case_index, slot = line[1:].split(b",")
-        data = self.views[int(case_index)][int(slot)]
+        data = self._take(int(case_index), int(slot))
         try:
             t0 = time.perf_counter_ns()
             out = self.fn(data)
             self.clock[0] = time.perf_counter_ns() - t0
             self.held = out
             os.write(self.reply_fd, where(out) + b"\n")
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001 - the kernel's error, or outputs that are not tensors
+        except BaseException as e:  # noqa: BLE001 - the kernel's error (sys.exit too), or outputs that are not tensors
             self.send({"op": "error", "error": "runtime_error", "message": describe_error(e, self.device)})
+
+    def compare(self, cmd):
+        """Reference role, CPU: the verdict on calls whose candidate outputs are not byte for byte
+        the twin's. The parent read both sides' outputs of each such call from their frozen
+        processes (the twin ran the task's reference on the same read-only inputs: the expected
+        outputs) into one file, the candidate's bytes then the twin's; the task's own check
+        decides on each. Replies with the first failure, or ok."""
+        import torch
+        reply = {"op": "checked", "id": cmd["id"], "ok": False}
+        shapes = cmd["shapes"]
+        size = sum(math.prod(shape) * getattr(torch, d).itemsize
+                   for c in cmd["calls"] for shape, d in zip(shapes + shapes, c["cand"] + c["ref"]))
+        data = _read_exact(cmd["path"], size)
+        if data is None:
+            return {**reply, "message": "the outputs to compare are missing or of the wrong size"}
+        pos = 0
+
+        def tensors(dtypes):
+            nonlocal pos
+            got = []
+            for shape, d in zip(shapes, dtypes):
+                dtype = getattr(torch, d)
+                n = math.prod(shape) * dtype.itemsize
+                raw = torch.frombuffer(bytearray(data[pos:pos + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+                got.append(raw.view(dtype).reshape(shape))
+                pos += n
+            return got[0] if cmd["container"] == "Tensor" else (list if cmd["container"] == "list" else tuple)(got)
+        for c in cmd["calls"]:
+            candidate, expected = tensors(c["cand"]), tensors(c["ref"])
+            try:
+                ok, msg = self.task.check(candidate, expected)
+            except Exception as e:  # noqa: BLE001 - outputs that break the check fail it
+                ok, msg = False, f"the check failed on these outputs: {type(e).__name__}: {e}"
+            if not ok:
+                return {**reply, "message": f"{case_str(cmd['case'])}: {msg}", "peak_bytes": peak_memory_bytes(self.device)}
+        return {**reply, "ok": True, "message": "ok", "peak_bytes": peak_memory_bytes(self.device)}
 
     def _run(self, case, inputs):
         """(outputs, per-call ms) of the kernel on each input, timed; or (an error reply, None)."""
         try:
             return self.timer.run(self.fn, inputs)
-        except SystemExit:
-            raise
-        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel is its runtime error
+        except BaseException as e:  # noqa: BLE001 - any failure inside the kernel (sys.exit too) is its runtime error
             return {"op": "error", "error": "runtime_error", "message": f"{case_str(case)}: {describe_error(e, self.device)}"}, None
 
     def run(self, cmd):
@@ -474,24 +540,14 @@ class Worker:
         self.send({"op": "bytes", "id": cmd["id"], "n": len(payload := output_bytes(outs[cmd["index"]]))}, payload)
 
     def check(self, cmd):
-        """Reference role: the verdict on a candidate's output bytes for call `index` of the last
-        block (in the file at `path`: on a GPU handed over by the candidate, on CPU read by the
-        parent from the candidate's frozen process). On a GPU that call ran here on the same inputs
-        (run); on CPU, where the timing twin ran the block's reference calls, this worker
-        runs the picked call now, untimed, on the input file it wrote (`input`: its path and
-        layout)."""
+        """Reference role, GPU: the verdict on a candidate's output bytes for call `index` of the
+        last block, handed over by the candidate into the file at `path` after it committed to
+        their BLAKE3 digests (run). That call ran here on the same inputs (run). (On CPU every call
+        is judged against the twin's outputs instead: compare.)"""
         import torch
         j = cmd["index"]
-        if "input" in cmd:
-            if cmd["id"] not in self.prepared:
-                raise RuntimeError(f"no block {cmd['id']} to check")
-            bid, case = cmd["id"], cmd["case"]
-            data = map_inputs(cmd["input"]["path"], cmd["input"]["layout"])[0]
-            inputs = {j: tensors_of(data)}
-            expected = self.fn(data)
-        else:
-            bid, case, inputs, outs = self._block(cmd)
-            expected = outs[j]
+        bid, case, inputs, outs = self._block(cmd)
+        expected = outs[j]
         exp_tensors = tensors_of(expected)
         reply = {"op": "checked", "id": bid, "ok": False}
         # The candidate's dtype of each output (the parent let through only the reference's, or
@@ -509,18 +565,9 @@ class Worker:
             hexes.append(blake3_hex(raw))
             got.append(raw.view(d).reshape(e.shape).to(e.device))
             pos += n
-        # On a GPU the candidate handed its bytes over itself, after committing to their BLAKE3
-        # digests (run); on CPU the parent read them from the frozen process (no digest needed).
-        if cmd.get("out_digests") is not None and hexes != cmd["out_digests"]:
+        if hexes != cmd["out_digests"]:
             return {**reply, "forged": True,
                     "message": "handed-over bytes differ from what the worker committed to when its call returned"}
-        if bid in self.prepared:  # CPU: the inputs' file, read-only to the candidate, checked all the same
-            pristine = self.prepared[bid][j]
-            changed = len(pristine) != len(inputs[j]) or not all(
-                a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw_bytes(a), raw_bytes(b))
-                for a, b in zip(pristine, inputs[j]))
-            if changed:
-                return {**reply, "message": f"{case_str(case)}: the candidate modified its input tensors"}
         candidate = type(expected)(got) if isinstance(expected, (tuple, list)) else got[0]
         try:
             ok, msg = self.task.check(candidate, expected)
@@ -770,8 +817,9 @@ def main():
         # window, on either side. Each collects between blocks instead (collect_between_calls).
         gc.disable()
     worker.send(ready)
-    handlers = {"load": worker.load, "prepare": worker.prepare, "setup": worker.setup, "call": worker.call,
-                "run": worker.run, "handover": worker.handover, "check": worker.check}
+    handlers = {"load": worker.load, "prepare": worker.prepare, "setup": worker.setup, "fresh": worker.fresh,
+                "call": worker.call, "run": worker.run, "handover": worker.handover, "check": worker.check,
+                "compare": worker.compare}
     for line in commands(0):
         if line[:1] == b"g":  # a timed window (CPU): nothing but the call between command and reply
             worker.go(line)
@@ -781,18 +829,12 @@ def main():
             break
         try:
             reply = handlers[cmd["op"]](cmd)
-        except SystemExit as e:
-            reply = {"op": "error", "error": "crashed", "message": f"candidate called sys.exit({e.code})"}
         except BaseException as e:  # noqa: BLE001 - report, then let the parent decide
+            # What the parent makes of it is its own call: from a trusted worker a failure of the
+            # harness, from a candidate's the kernel's error (its worker's words, never a verdict
+            # of the harness's: measure_channel.WorkerProcess.recv).
             traceback.print_exc()
-            if "OutOfMemory" in type(e).__name__ or isinstance(e, MemoryError):
-                # Outside the kernel's own call (the kernel's errors are caught in _run): the
-                # harness ran out of memory making inputs or fingerprints. Not the kernel's
-                # runtime error; "crashed" results are never cached, so it is measured again.
-                reply = {"op": "error", "error": "crashed",
-                         "message": f"out of memory in the harness, outside the kernel's call ({cmd['op']}): {e}"}
-            else:
-                reply = {"op": "error", "error": "runtime_error", "message": f"{type(e).__name__}: {e}"}
+            reply = {"op": "error", "error": "runtime_error", "message": f"{type(e).__name__}: {e}"}
         if reply is not None:
             worker.send(reply)
     out.flush()

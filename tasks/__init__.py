@@ -98,6 +98,17 @@ def seed_source(name):
     return seed_path(name).read_text()
 
 
+def reference_candidate(name):
+    """The task's reference as a candidate's source: what measure.py's timed reference side loads,
+    through the same code path as every candidate, and what an A/A check measures (its true
+    speedup is exactly 1). A built-in task's reference, called from a module of its own; a problem
+    file's seed (a KernelBench problem's Model renamed ModelNew, built and called as a candidate's
+    ModelNew is; a task file's reference wrapped as custom_kernel)."""
+    if name in TASK_NAMES:
+        return f"from tasks.{name} import reference as _reference\n\n\ndef custom_kernel(data):\n    return _reference(data)\n"
+    return get_task(name).seed_source()
+
+
 def reference_source(name):
     """The reference a forecast compares against: the seed kernel, or a problem file's source."""
     return seed_source(name) if name in TASK_NAMES else get_task(name).source

@@ -50,11 +50,13 @@ def test_correct_candidate_is_ok_with_times_and_speedup(tmp_path):
 
 def test_on_cpu_the_reference_side_of_every_window_is_its_timing_twin(monkeypatch):
     """The reference's timed calls run in its twin: a worker started with the candidate, in its
-    role (the same command line, sandbox and hash seed), that loaded the task's reference, and that
-    gets the candidate's sequence of commands (the same arenas, the same checked and timed windows,
-    on the same slots). The reference worker makes the inputs and checks the picked call, and times
-    nothing; the candidate hands nothing over (the parent reads its outputs)."""
+    role (the same command line, sandbox and hash seed), that loaded the task's reference as a
+    candidate's source (tasks.reference_candidate), and that gets the candidate's sequence of
+    commands (the same arenas, the same checked and timed windows, on the same slots). The
+    reference worker makes the inputs and judges the calls whose outputs differ from the twin's,
+    and times nothing; the candidate hands nothing over (the parent reads its outputs)."""
     from harness import measure_channel
+    from tasks import reference_candidate
     sent, send_raw, seeds = [], measure_channel.WorkerProcess.send_raw, {}
 
     def spy(self, data, deadline=None):
@@ -70,9 +72,10 @@ def test_on_cpu_the_reference_side_of_every_window_is_its_timing_twin(monkeypatc
     ops = {who: [obj for w, obj in sent if (w.role, w.trusted) == who]
            for who in [("reference", True), ("candidate", True), ("candidate", False)]}
     reference, twin, candidate = ops.values()
-    assert {c["op"] for c in reference} <= {"prepare", "check"} and any(c["op"] == "check" for c in reference)
+    assert {c["op"] for c in reference} <= {"prepare", "compare"} and any(c["op"] == "prepare" for c in reference)
     assert not any(c["op"] == "handover" for c in candidate)
-    assert all("source" not in c for c in twin if c["op"] == "load")  # never a candidate's code
+    loads = [c for c in twin if c["op"] == "load"]
+    assert loads == [{"op": "load", "source": reference_candidate(TASK), "twin": True}]  # never a candidate's code
     # Born as a pair: one hash seed; the same commands but the load, in the same order
     assert len(seeds[True]) == 1 and seeds[True] == seeds[False]
     assert [c for c in twin if c["op"] != "load"] == [c for c in candidate if c["op"] != "load"]
@@ -300,9 +303,12 @@ def test_segfault_is_crashed():
     assert m.status == "crashed" and "SIGSEGV" in m.message
 
 
-def test_sys_exit_is_crashed():
+def test_sys_exit_is_the_kernels_runtime_error():
+    """sys.exit inside the kernel is an exception it raised, reported by its worker: a runtime
+    error, said to be the worker's words (never the harness's), and cached like any."""
     m = run("import sys\ndef custom_kernel(data):\n    sys.exit(3)\n")
-    assert m.status == "crashed" and "sys.exit(3)" in m.message
+    assert m.status == "runtime_error" and "SystemExit: 3" in m.message, (m.status, m.message)
+    assert m.message.startswith("the candidate's worker reported: ")
 
 
 def test_infinite_loop_times_out():
@@ -480,17 +486,18 @@ def test_seed_on_gpu_at_benchmark_shapes_is_about_one():
     assert 0.6 < m.speedup < 1.6  # the seed is the reference itself; more would be a timing bug
 
 
-def test_out_of_memory_outside_the_kernels_call_is_not_its_runtime_error(tmp_path):
-    """Building the inputs over the arena runs out of memory (simulated in the candidate's own
-    process): crashed, not the kernel's runtime_error, and not cached (a later run measures it
-    again)."""
+def test_the_candidates_process_cannot_claim_a_failure_of_the_harness(tmp_path):
+    """Building the inputs runs out of memory in the candidate's own process (simulated there: it
+    could as well write the line itself). Whatever that process says is its worker's report, so the
+    verdict is the kernel's runtime error in its worker's words, cached like any: `crashed`, which
+    is never cached, the parent gives only from what it sees itself."""
     src = BODY + '''
 import importlib
 _main = importlib.import_module("__main__")  # the worker
 
 
 def _oom(*args, **kwargs):
-    raise torch.OutOfMemoryError("simulated: no memory for the inputs")
+    raise torch.OutOfMemoryError("simulated: out of memory in the harness, outside the kernel's call")
 
 
 _main.views = _oom
@@ -500,8 +507,8 @@ def custom_kernel(data):
     return _ce(*data)
 '''
     m = run(src, use_cache=True, cache_dir=tmp_path)
-    assert m.status == "crashed" and "out of memory in the harness" in m.message, m.message
-    assert not list(tmp_path.glob("*.json"))
+    assert m.status == "runtime_error" and m.message.startswith("the candidate's worker reported: "), m.message
+    assert list(tmp_path.glob("*.json"))
 
 
 # ---- on a GPU only (`pytest -m gpu`) ------------------------------------------------------------

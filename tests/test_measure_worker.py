@@ -119,8 +119,10 @@ def test_cuda_timer_agrees_with_do_bench_and_its_fixed_cost_is_small():
 
 def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypatch):
     """--baseline compile: the reference worker's timed function is torch.compile of the task's
-    reference (compiling happens at its first call, not here); the candidate's worker never gets one,
-    and a bad baseline is a one-line usage error before any worker starts."""
+    reference (compiling happens at its first call, not here); with the eager baseline it is the
+    reference as a candidate's source, imported the way a candidate's is (tasks.reference_candidate);
+    the candidate's worker never gets one, and a bad baseline is a one-line usage error before any
+    worker starts."""
     import io
 
     from triton.runtime import interpreter
@@ -131,7 +133,7 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
     eager = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO())
     compiled = measure_worker.Worker("reference", "cross_entropy", "cpu", io.BytesIO(), baseline="compile")
     candidate = measure_worker.Worker("candidate", "cross_entropy", "cpu", io.BytesIO(), baseline="compile")
-    assert eager.fn is eager.task.reference
+    assert eager.fn.__module__ == "candidate_kernel" and eager.fn.__globals__["_reference"] is eager.task.reference
     assert getattr(compiled.fn, "_torchdynamo_orig_callable", None) is compiled.task.reference
     assert candidate.fn is None
     with pytest.raises(ValueError, match="baseline"):
@@ -139,13 +141,14 @@ def test_the_compile_baseline_times_the_reference_through_torch_compile(monkeypa
 
 
 def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_path, monkeypatch):
-    """The twin (measure.py, CPU): a worker started in the candidate's role whose load op takes the
-    task's reference instead of a file; it tells the parent where in its memory each timed call's
-    time is (the candidate's reply to its load carries nothing), and both reply to a timed window
-    with where their outputs are and nothing else. Both build a
-    case's inputs over the arena once (setup), and a timed window holds the call and its reply:
-    the reply's addresses hold the outputs' bytes. Loading it through compile takes the compiled
-    reference (--baseline compile)."""
+    """The twin (measure.py, CPU): a worker started in the candidate's role that loads the task's
+    reference as a candidate's source, the way the candidate loads its own (tasks.reference_candidate);
+    it tells the parent where in its memory each timed call's time is (the candidate's reply to its
+    load carries nothing), and both reply to a timed window with where their outputs are and nothing
+    else. Both build sets of a case's input objects over the arena before the windows (setup, fresh),
+    each call taking a set of its own, and a timed window holds the call and its reply: the reply's
+    addresses hold the outputs' bytes. Loading it through compile takes the compiled reference
+    (--baseline compile)."""
     import ctypes
     import io
     import os
@@ -153,6 +156,7 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
     from triton.runtime import interpreter  # imported before the workers' import hooks (one per Worker here)
 
     from harness import measure_channel, measure_worker
+    from tasks import reference_candidate
     monkeypatch.setattr(interpreter.InterpreterBuilder, "set_grid_dim", interpreter.InterpreterBuilder.set_grid_dim)
     ref = measure_worker.Worker("reference", "fp8_quant", "cpu", io.BytesIO())
     case = ref.task.CPU_CASES[0]
@@ -160,7 +164,7 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
     layout = ref.prepare({"id": 1, "case": case, "seeds": [5], "paths": [path]})["layouts"][0]
     arena = tmp_path / "arena.bin"
     arena.write_bytes(bytes(64) + open(path, "rb").read())  # slot 0 at byte 64
-    setup = {"op": "setup", "case_index": 0, "arena": str(arena), "layout": layout, "bases": [64]}
+    setup = {"op": "setup", "case_index": 0, "arena": str(arena), "layout": layout, "bases": [64], "fresh": 3}
     expected = ref.fn(measure_worker.map_inputs(path, layout)[0])
 
     def timed(worker):
@@ -173,9 +177,9 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
         return measure_channel.parse_where(line)
 
     twin = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
-    loaded = twin.load({"op": "load", "reference": "eager"})
+    loaded = twin.load({"op": "load", "source": reference_candidate("fp8_quant"), "twin": True})
     assert loaded["op"] == "loaded" and loaded["clock_at"] == twin.clock.buffer_info()[0]
-    assert twin.fn is twin.task.reference and twin.setup(setup)["op"] == "set"
+    assert twin.fn.__globals__["_reference"] is twin.task.reference and twin.setup(setup)["op"] == "set"
     where = timed(twin)
     assert twin.clock[0] > 0 and len(where) == len(expected)  # the call's time, where the parent reads it
     for (address, code), e in zip(where, expected):
@@ -189,6 +193,13 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
     assert len(timed(cand)) == len(expected)
     reply = cand.call({"op": "call", "case": case, "case_index": 0, "slot": 0})
     assert "bytes_per_call" not in reply and [s["shape"] for s in reply["specs"]] == [list(e.shape) for e in expected]
+    # every call had input objects of its own over the same bytes; the used ones go at the next
+    # untimed command, which tops the slot up again
+    first, second = cand.spent
+    assert first is not second and first[0] is not second[0] and first[0].data_ptr() == second[0].data_ptr()
+    assert len(cand.views[0]["slots"][0]) == 1
+    assert cand.fresh({"case_index": 0, "per_slot": 3}) == {"op": "freshened"}
+    assert cand.spent == [] and len(cand.views[0]["slots"][0]) == 3
 
     compiled = measure_worker.Worker("candidate", "fp8_quant", "cpu", io.BytesIO())
     compiled.load({"op": "load", "reference": "compile"})
@@ -257,19 +268,3 @@ def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkey
     assert measure_worker.peak_memory_bytes("cuda") == 5 * 2**30 - measure_worker.FLUSH_BYTES
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     assert measure_worker.peak_memory_bytes("cuda") == 0
-
-
-def test_the_reference_worker_keeps_a_blocks_inputs_while_the_next_is_made(tmp_path):
-    """measure.py makes a block's inputs while the block before it is timed, and checks that block
-    afterwards: the reference worker keeps the inputs of the block made before the last one, and
-    no older, whatever their ids (they start again at 1 with each measurement; the worker is kept)."""
-    import io
-
-    from harness import measure_worker
-    ref = measure_worker.Worker("reference", "fp8_quant", "cpu", io.BytesIO())
-    case = ref.task.CPU_CASES[0]
-    made = []
-    for bid in (40, 41, 1, 2):  # the end of one measurement, the start of the next
-        ref.prepare({"id": bid, "case": case, "seeds": [bid], "paths": [str(tmp_path / f"{len(made)}.bin")]})
-        made.append(bid)
-        assert list(ref.prepared) == made[-2:]

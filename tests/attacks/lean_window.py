@@ -1,8 +1,9 @@
 """Round 3, the harness's share of a window: an adversary who has read harness/measure_worker.py
 swaps the worker's timed window (`Worker.go`, found through the garbage collector) and its
 reply formatting (`where`) for the leanest code that still gives the parent the same reply:
-no error handling, the reply's bytes built once per output layout, the previous window's
-outputs kept instead of freed inside the window. The kernel is the reference itself. If any
+no error handling, the reply's bytes built once per output layout, the call's input objects
+taken from the worker's stock without its bookkeeping, the previous window's outputs and inputs
+kept instead of freed inside the window. The kernel is the reference itself. If any
 harness work were left in the candidate's window that the twin pays and the candidate need not,
 this would measure faster than its honest twin."""
 import importlib
@@ -17,8 +18,9 @@ _kept = []
 
 def _lean_go(self, line):
     comma = line.index(b",")
-    out = reference(self.views[int(line[1:comma])][int(line[comma + 1:])])
-    _kept.append(out)  # freed later, in bulk, never in this window
+    data = self.views[int(line[1:comma])]["slots"][int(line[comma + 1:])].pop()
+    out = reference(data)
+    _kept.append((data, out))  # freed later, in bulk, never in this window
     if len(_kept) > 64:
         del _kept[:32]
     _os.write(self.reply_fd, b"%x:1,%x:3\n" % (out[0].data_ptr(), out[1].data_ptr()))  # float32, bfloat16
