@@ -131,6 +131,17 @@ REPS = {  # (seconds per measurement and side, shared by its timed cases; min, m
 # The candidate's difference is a median per order within the pairs (case_times) once each order
 # has this many pairs.
 MIN_PER_ORDER = 10
+# The reference's windows right after the candidate's may cost more than those after the gap
+# between pairs by DISTURB_TOLERANCE beyond what the candidate's own do (case_times: the
+# disturbance), or DISTURB_SIGMAS standard errors, whichever is larger: beyond, the measurement was
+# disturbed (measured once more, then rejected).
+DISTURB_TOLERANCE, DISTURB_SIGMAS = 0.05, 4.0
+# The part of a verdict's noise that no measurement sees from the inside: two fresh measurements of
+# the same code, each with new workers, land apart by more than their windows' noise says (on CPU
+# a process's speed is its own, from its start and its history). A standard error of log speedup,
+# added to the windows' in quadrature; measured with scripts/bench_measure.py --coverage
+# (docs/MEASUREMENT.md, The noise). No GPU has measured its own yet: the CPU's stands in for it.
+PROCESS_NOISE = {"cpu": 0.01, "cuda": 0.01}
 # A case whose noise (the standard error of its log speedup) is still above NOISE_TARGET when its
 # budget is spent is timed on, up to STRETCH times its budget (not with --quick): a kernel equal to
 # its reference should come out within 5% of 1.0, three standard errors, on a quiet machine.
@@ -183,6 +194,14 @@ class _Outcome(Exception):
     def __init__(self, status, message):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+class _Disturbed(_Outcome):
+    """The reference's windows cost more right after the candidate's than elsewhere (case_times'
+    disturbance): measured once more, then rejected, never cached."""
+
+    def __init__(self, message):
+        super().__init__("rejected", message)
 
 
 # Static screen: a courtesy, not a defence (string building or importlib walks past any regex).
@@ -282,6 +301,13 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
                device_name=device_name, scale=scale, timeout_s=timeout_s,
                memory_bytes=memory_gb * 2**30, quick=quick, sandboxed=not unsafe_no_sandbox, baseline=baseline)
     result = _measure_once(**run)
+    if result.pop("disturbed", False):  # once more, with fresh workers: a second one stands, whatever it says
+        first = result["message"]
+        result = _measure_once(**run)
+        if result.pop("disturbed", False):
+            result["message"] += "; the same the first time: rejected (not cached)"
+        else:
+            result.setdefault("flags", []).append(f"measured again: the first measurement was disturbed ({first})")
     cacheable = result.pop("cacheable", True)  # (a timeout or a crash: only where its WorkerFailed said so)
     confirm = CONFIRM_SPEEDUP[device]
     if result["status"] == "ok" and result["speedup"] > confirm:
@@ -332,7 +358,7 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
             beside = twin is not None and ws.spare_cores != ws.core
             pin(ref, ws.spare_cores if beside else ws.core)
             session = _Session(task, ref, ready, cand, ws.dirs, device, device_name, scale, timeout_s, quick, twin,
-                               baseline, beside)
+                               baseline, beside, flush=ws.cache_flusher().flush if twin is not None else None)
             result = session.run(source)
             if ws.closed:  # another thread ended the workers (an interrupted run): no verdict on the candidate
                 raise HarnessError("the measurement was interrupted (its workers were closed)")
@@ -351,8 +377,9 @@ class _Session:
     """The protocol of one candidate measurement (see the module docstring)."""
 
     def __init__(self, task, ref, ready, cand, dirs, device, device_name, scale, timeout_s, quick, twin=None,
-                 baseline="eager", beside=False):
+                 baseline="eager", beside=False, flush=None):
         self.task, self.ref, self.cand, self.dirs, self.baseline = task, ref, cand, dirs, baseline
+        self.flush = flush or (lambda: None)  # CPU: the timed core's caches evicted before each window
         # The worker whose timed calls are the reference's side of each pair: on CPU the twin, on
         # a GPU the reference worker itself (its CUDA events; no twin there yet, docs/MEASUREMENT.md).
         self.timed_ref = twin or ref
@@ -408,6 +435,8 @@ class _Session:
             self._ref_settle()
         except WorkerFailed as e:
             return dict(status=e.status, message=e.message, cacheable=e.cacheable)
+        except _Disturbed as o:
+            return dict(status=o.status, message=printable(o.message), cacheable=False, disturbed=True)
         except _Outcome as o:
             return dict(status=o.status, message=printable(o.message))
         except HarnessError:
@@ -419,7 +448,9 @@ class _Session:
             self._drop_pending()
         logs = [math.log(r["speedup"]) for r in rows]
         speedup = math.exp(sum(logs) / len(rows))
-        noise = math.sqrt(sum(r["noise"] ** 2 for r in rows)) / len(rows)
+        # The windows' noise (each case's bootstrap), and the fresh pair of processes' own: a rerun
+        # with new workers lands that far from this one even where the windows agree (PROCESS_NOISE)
+        noise = math.hypot(math.sqrt(sum(r["noise"] ** 2 for r in rows)) / len(rows), PROCESS_NOISE[self.device])
         within = abs(math.log(speedup)) <= 2 * noise
         flags = [f for r in rows for f in r["flags"]]
         if within:
@@ -533,6 +564,7 @@ class _Session:
                 cand_first.append(order[0] == "cand")
                 got = {}
                 for side in order:
+                    self.flush()  # every window starts from the same cache state (CacheFlusher)
                     if timed:
                         where, ns, window = self._go(side, arena["index"], slot)
                     else:
@@ -933,6 +965,11 @@ class _Session:
                     check_at = elapsed + 0.1 * spent
             blocks.append(self.pair(case, n, verify=False, ahead=len(blocks) + 1 < max_blocks))
         row = self._case_row(case, blocks, outside, n)
+        if row["disturbance"] > max(DISTURB_TOLERANCE, DISTURB_SIGMAS * row["disturbance_noise"]):
+            raise _Disturbed(f"{case_str(case)}: the reference's windows right after the candidate's cost "
+                             f"{row['disturbance']:.0%} more than after the gap between pairs, beyond the candidate's "
+                             f"own (noise {row['disturbance_noise']:.1%}): work the candidate left to run outside "
+                             "its windows")
         row["case"] = case
         row["block_pairs"] = n  # sized from the warm-up's timed windows alone (block_pairs)
         row["floor_ms"] = self.physical_floor(case, row)
@@ -1048,10 +1085,33 @@ def case_times(windows, k, hidden_ms, where):
         c = r + median_over_orders(picks) + hidden_ms / m
         return r / k, max(c, 0.02 * r) / k
 
+    def disturbance(picks):
+        """How much more the reference's window cost right after the candidate's (second in a pair
+        it began) than first in a pair, beyond the same difference on the candidate's side, as a
+        share of the reference's window: a difference in differences in which whatever the second
+        place does to any window (the gap before it, what the first window left) cancels, and
+        what remains is what the candidate's window left to run in the next one."""
+        by = {(side, pos): [] for side in ("t", "c") for pos in (1, 2)}
+        for i in picks:
+            by[("c", 1) if first[i] else ("t", 1)].append(cand_win[i] if first[i] else ref_win[i])
+            by[("t", 2) if first[i] else ("c", 2)].append(ref_win[i] if first[i] else cand_win[i])
+        if not all(by.values()):
+            return 0.0
+        med = {key: _quantile(v, 0.5) for key, v in by.items()}
+        did = (med[("t", 2)] - med[("t", 1)]) - (med[("c", 2)] - med[("c", 1)])
+        return did / max(_quantile([ref_win[i] for i in picks], 0.5), 1e-9)
+
     reference_ms, candidate_ms = estimate(range(m))
+    # Noise: a moving-block bootstrap over the pairs, in the order they were timed (blocks of about
+    # the square root of their number): neighbouring pairs share the machine's moment, which an
+    # independent resampling of pairs would count as independent evidence.
     rng = random.Random(m)  # a fixed draw: the same windows give the same noise figure
-    logs = [math.log(r / c) for r, c in (estimate([rng.randrange(m) for _ in range(m)]) for _ in range(200))]
+    length = max(1, round(math.sqrt(m)))
+    draws = [_blocks(m, length, rng) for _ in range(200)]
+    logs = [math.log(r / c) for r, c in (estimate(picks) for picks in draws)]
     noise = statistics.stdev(logs)
+    disturbed = disturbance(range(m)) if split else 0.0
+    disturbed_noise = statistics.stdev([disturbance(picks) for picks in draws]) if split else 0.0
     flags = []
     if hidden_ms > 0.05 * candidate_ms * m * k:
         flags.append(f"{where}: the candidate used {hidden_ms:.1f} ms of CPU outside its windows (while the "
@@ -1063,7 +1123,18 @@ def case_times(windows, k, hidden_ms, where):
     return dict(reference_ms=reference_ms, candidate_ms=candidate_ms, speedup=reference_ms / candidate_ms,
                 noise=noise, reference_spread=_spread([c / k for c in compute]),
                 candidate_spread=_spread([max(c + d, 1e-9) / k for c, d in zip(compute, diff)]),
-                harness_ms=share / k, reps=m * k, windows=m, window_calls=k, hidden_ms=round(hidden_ms, 3), flags=flags)
+                harness_ms=share / k, reps=m * k, windows=m, window_calls=k, hidden_ms=round(hidden_ms, 3), flags=flags,
+                disturbance=disturbed, disturbance_noise=disturbed_noise)
+
+
+def _blocks(m, length, rng):
+    """A moving-block bootstrap draw of m indices: runs of `length` consecutive ones from random
+    starts (wrapping around), as many as make up m."""
+    picks = []
+    while len(picks) < m:
+        start = rng.randrange(m)
+        picks += [(start + j) % m for j in range(length)]
+    return picks[:m]
 
 
 def peak_bandwidth(device_name):

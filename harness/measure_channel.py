@@ -19,6 +19,7 @@ measuring thread (WorkerSet): one trusted reference worker per task, kept, and a
 worker per measurement, with spares booting in the background.
 """
 import atexit
+import ctypes
 import fcntl
 import glob
 import json
@@ -687,6 +688,63 @@ def claim_core(cores, first):
     return cores[-1 - first % len(cores)], None
 
 
+class CacheFlusher:
+    """A thread of the parent's, pinned to the core where a pair of windows is timed, that evicts
+    that core's own caches (L1 and L2) when asked: measure.py asks right before every window, so
+    that each window starts from the same cache state whatever ran before it. Without it a side's
+    speed followed what the other side had left in the core's caches: the reference's small CPU
+    case of cross_entropy ran 0.51 ms a call after its own windows and 0.72 ms after a candidate's
+    whose threads had swept the L2, so a candidate's footprint moved its verdict (a GPU's harness
+    flushes the GPU's L2 before every call for the same reason; TVM's CPU measurements flush too).
+    The eviction writes a buffer the size of the core's L2 (glibc's memset of that size writes
+    through the caches). Its cost, a few hundred microseconds a window on the 2-core VM, is
+    outside the windows."""
+
+    def __init__(self, core):
+        self.size = l2_bytes(core)
+        self.buf = ctypes.create_string_buffer(self.size)
+        self.ask_r, self.ask_w = os.pipe()
+        self.done_r, self.done_w = os.pipe()
+        self.thread = threading.Thread(target=self._serve, args=(core,), daemon=True, name="cache-flusher")
+        self.thread.start()
+
+    def _serve(self, core):
+        os.sched_setaffinity(0, core)  # this thread only
+        while os.read(self.ask_r, 1) == b"f":
+            ctypes.memset(self.buf, 1, self.size)  # the GIL is released meanwhile
+            os.write(self.done_w, b"d")
+        for fd in (self.ask_r, self.done_w):
+            os.close(fd)
+
+    def flush(self):
+        os.write(self.ask_w, b"f")
+        if os.read(self.done_r, 1) != b"d":
+            raise OSError("the cache flusher ended")
+
+    def close(self):
+        os.write(self.ask_w, b"q")
+        self.thread.join(timeout=5)
+        for fd in (self.ask_w, self.done_r):
+            os.close(fd)
+
+
+def l2_bytes(core, default=2 << 20):
+    """The size of the given core's (set's first core's) private L2 cache, from sysfs."""
+    for index in glob.glob(f"/sys/devices/system/cpu/cpu{min(core)}/cache/index*"):
+        try:
+            if _read_text(f"{index}/level") == "2":
+                size = _read_text(f"{index}/size")
+                return int(size[:-1]) << {"K": 10, "M": 20}[size[-1]] if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            continue
+    return default
+
+
+def _read_text(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
 def pin(worker, cores):
     """Every thread of the worker's tree onto `cores` (threads it starts later inherit it)."""
     for tid in threads(worker.tree()):
@@ -726,6 +784,7 @@ class WorkerSet:
         core, self.core_lock = claim_core(cores, _SETS_MADE)
         self.core = {core}
         self.spare_cores = set(cores) - self.core or self.core
+        self.flusher = None  # CPU: the CacheFlusher of the timed core, started with the first measurement
         _SETS_MADE += 1
 
     def _dirs(self, plan):
@@ -778,6 +837,13 @@ class WorkerSet:
         with self.lock:
             self.references[key] = found
         return found
+
+    def cache_flusher(self):
+        """The set's CacheFlusher (CPU), started on first use."""
+        with self.lock:
+            if self.flusher is None:
+                self.flusher = CacheFlusher(self.core)
+            return self.flusher
 
     def drop_reference(self):
         with self.lock:
@@ -856,8 +922,11 @@ class WorkerSet:
             self.started, self.references, self.spares = [], {}, {}
             dirs, self.dirs = self.dirs, None
             core_lock, self.core_lock = self.core_lock, None
+            flusher, self.flusher = self.flusher, None
         for w in gone:
             w.kill()
+        if flusher is not None:
+            flusher.close()
         if core_lock is not None:
             os.close(core_lock)  # the core is free for another set
         for path in (dirs or {}).values():

@@ -156,8 +156,8 @@ def custom_kernel(data):
 # ---- lazy or downgraded outputs ---------------------------------------------------------------------
 
 def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monkeypatch):
-    """On CPU the reference worker checks a block's picked call while the next block is timed,
-    and makes that block's inputs meanwhile (measure._Session._ref_later). A kernel that turns
+    """On CPU the reference worker judges a block's calls while the next block is timed, and
+    makes that block's inputs meanwhile (measure._Session._ref_later). A kernel that turns
     wrong once its correctness calls are behind it is still caught; so is one that dies there,
     and either way no reply of the reference worker is left unread for the next measurement (it
     is kept) and no input file is left behind."""
@@ -165,7 +165,8 @@ def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monke
 
     from harness import measure_channel
     from tasks import cross_entropy
-    honest = len(cross_entropy.CPU_CASES) * 2 + len(cross_entropy.CPU_CHECK_CASES)  # the correctness calls
+    honest = (len(cross_entropy.CPU_CASES) * measure.TRIALS
+              + len(cross_entropy.CPU_CHECK_CASES) * measure.CHECK_TRIALS)  # the correctness calls
     turns = BODY + f"""
 _calls = [0]
 def custom_kernel(data):

@@ -30,6 +30,14 @@ HONEST = 2.0  # the attacks that compute honestly use the reference itself: ~1x,
 # even on a loaded machine (the A/A spread is a few percent, docs/MEASUREMENT.md).
 FORGED = 1.3
 
+# What the design guarantees of the CPU a frozen sandbox uses outside its windows: the kernel says a
+# cgroup is frozen once its last task stopped, and the clock read then can miss that task's last
+# microseconds, which land in the next reading, outside the window (docs/MEASUREMENT.md, What
+# remains open: the freeze's last microseconds). Measured: 0.002 to 0.007 ms a case on an AMD EPYC
+# VM, up to about 2 us a window on the Intel one; a thread left running outside the windows would
+# use milliseconds. The bound: 10 us a window.
+FREEZE_TAIL_MS = 0.010
+
 # The suite keeps at least one attack of every class the harness defends (docs/MEASUREMENT.md)
 # and every attack of round 3; the rest of the catalogue, one sandboxed measurement of 2 to 8 s
 # each, runs as its own tier (`pytest -m attacks`, CI runs it after the suite), so that the suite
@@ -142,7 +150,7 @@ def test_work_while_the_reference_runs_is_impossible_the_candidate_is_frozen(att
     clock: no CPU outside its windows at all."""
     m = at_most_honest(attack, "slow_the_reference")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
-    assert all(c["hidden_ms"] == 0 for c in m.cases), [c["hidden_ms"] for c in m.cases]
+    assert all(c["hidden_ms"] <= FREEZE_TAIL_MS * c["windows"] for c in m.cases), [(c["hidden_ms"], c["windows"]) for c in m.cases]
 
 
 def test_inputs_appear_only_when_the_candidates_call_starts(attack):
@@ -497,10 +505,9 @@ def test_housekeeping_between_windows_cannot_run_there(attack):
     inside them, on the candidate's clock, and no CPU is used outside them at all."""
     m = at_most_honest(attack, "idle_housekeeping")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
-    # What the clock reads as the sandbox freezes (a task's last microseconds before it stops
-    # land just after the window's reading) is all there is: microseconds, where the thread's
-    # housekeeping outside the windows would have been milliseconds.
-    assert sum(c["hidden_ms"] for c in m.cases) < 0.5, [c["hidden_ms"] for c in m.cases]
+    # What the clock reads as the sandbox freezes is all there is (FREEZE_TAIL_MS), where the
+    # thread's housekeeping outside the windows would have been milliseconds.
+    assert all(c["hidden_ms"] <= FREEZE_TAIL_MS * c["windows"] for c in m.cases), [(c["hidden_ms"], c["windows"]) for c in m.cases]
 
 
 def test_padded_correctness_calls_size_nothing(attack, monkeypatch):
@@ -720,3 +727,133 @@ def test_a_worker_ended_from_several_threads_at_once_ends_once():
     assert not errors and w.mem is None and not w.alive(), errors
     with pytest.raises(measure_channel.WorkerFailed, match="ended"):
         w.read_memory(0, 8)
+
+
+# ---- round 4 (harness 5.0): nothing a candidate leaves behind moves the verdict, or the host -------
+
+def test_timers_armed_to_fire_in_the_twins_windows_are_refused(attack):
+    """Class 5: work the kernel would do for the candidate while it is frozen and the twin is timed
+    (a timer's expiry, amplified by hundreds of epoll instances watching it; a POSIX and an
+    interval timer; sleepers whose timeouts would land there): every arming call is refused, and
+    the sleepers' waits end with the freeze. It measures as the honest reference does (it pays
+    for its hundred threads in its own windows), or, were anything left to run in the twin's
+    windows, the disturbance check rejects it."""
+    m = at_most_honest(attack, "interrupt_timers")
+    assert (m.status == "ok" and m.speedup < FORGED) or (m.status == "rejected" and "right after the candidate" in m.message), \
+        (m.status, m.message, m.speedup)
+
+
+PROBE = '''
+import ctypes, errno, fcntl, os, signal, socket, json
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(number, *args):
+    return libc.syscall(number, *args) < 0 and ctypes.get_errno() in (errno.EPERM, errno.ENOSYS)
+timer_id, ctx = ctypes.c_long(0), ctypes.c_ulong(0)
+got = {"timerfd_create": refused(283, 1, 0), "timer_create": refused(222, 1, None, ctypes.byref(timer_id)),
+       "setitimer": refused(38, 0, None, None), "alarm": refused(37, 1), "io_setup": refused(206, 8, ctypes.byref(ctx))}
+try:
+    socket.socketpair()
+    got["socketpair"] = False
+except OSError:
+    got["socketpair"] = True
+r, w = os.pipe()
+try:
+    fcntl.fcntl(w, 1031, 1 << 20)
+    got["F_SETPIPE_SZ"] = False
+except OSError:
+    got["F_SETPIPE_SZ"] = True
+try:
+    os.close(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    got["/dev/ptmx"] = False
+except OSError:
+    got["/dev/ptmx"] = True
+print(json.dumps(got))
+'''
+
+
+def _sandboxed(script, tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(script)
+    plan = measure_sandbox.require_sandbox()
+    box = measure_sandbox.Sandbox.start([sys.executable, "-S", str(path)], "cpu", plan, memory_bytes=2 << 30,
+                                        binds_ro=[str(path)])
+    return box, plan
+
+
+def test_the_sandbox_refuses_what_would_run_on_its_behalf_later_or_fill_a_shared_count(tmp_path):
+    """Classes 5 and 6 as properties of every sandbox: no timer (timerfd, POSIX timer, interval
+    timer, alarm) and no asynchronous I/O, whose completions run later and whose contexts are a
+    machine-wide count; no unix socket pair (descriptors in flight are a per-user count); no pipe
+    grown past its default (pipe buffers are a per-user count); no pseudo-terminal (a machine-wide
+    count for every devpts but the host's)."""
+    box, _ = _sandboxed(PROBE, tmp_path)
+    try:
+        out, err = box.popen.communicate(timeout=60)
+    finally:
+        box.close()
+    got = json.loads(out.decode().strip().splitlines()[-1])
+    assert all(got.values()), {k: v for k, v in got.items() if not v}
+
+
+def test_a_sandbox_holding_all_it_can_leaves_the_hosts_counts_alone(tmp_path):
+    """Class 6: a sandbox takes all it may of every count the kernel keeps per host user or for the
+    whole machine (tests/attacks/fill_host_counts.py) and holds it; meanwhile this process (the
+    user who made the sandbox) can still queue real-time signals, set up asynchronous I/O, open a
+    pseudo-terminal and make a pipe of the default size. Each sandbox's pending signals stop at its
+    own limit; as root it runs as a host uid of its own, so that what is counted per user is its
+    own (epoll watches, pipe buffers)."""
+    import ctypes
+    import fcntl
+    script = (ATTACKS / "fill_host_counts.py").read_text()
+    box, plan = _sandboxed(script, tmp_path)
+    try:
+        got = json.loads(box.popen.stdout.readline())
+        # the host uids of bwrap's processes and the probe's (the last of them)
+        tree, todo = [], [box.popen.pid]
+        while todo:
+            tree.append(todo.pop())
+            todo += [int(c) for t in Path(f"/proc/{tree[-1]}/task").glob("*/children") for c in t.read_text().split()]
+        uids = {int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0]) for pid in tree}
+        assert got["pending signals"] <= measure_sandbox.MAX_PENDING_SIGNALS
+        assert got["pipes grown to 1 MB"] == got["unix socket pair"] == got["aio contexts"] == got["pseudo-terminals"] == 0, got
+        if plan.drop_uid:  # root: a host uid of its own, in the range no user has
+            uid = max(uids)
+            assert measure_sandbox.HOST_UID_BASE <= uid < measure_sandbox.HOST_UID_BASE + measure_sandbox.HOST_UID_SPAN, uids
+        # meanwhile, out here
+        import threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        sig = signal.SIGRTMIN + 2
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+        try:  # queued to this thread alone (rt_tgsigqueueinfo), which blocks it: the test's other threads never see one
+            info = (ctypes.c_int * 32)(sig, 0, -1)
+            tid = threading.get_native_id()
+            assert sum(libc.syscall(297, os.getpid(), tid, sig, info) == 0 for _ in range(100)) == 100
+        finally:
+            signal.signal(sig, signal.SIG_IGN)  # the queued ones are dropped
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        ctx = ctypes.c_ulong(0)
+        assert libc.syscall(206, 128, ctypes.byref(ctx)) == 0 and libc.syscall(207, ctx) == 0  # io_setup, io_destroy
+        a, b = os.openpty()
+        r, w = os.pipe()
+        assert fcntl.fcntl(w, 1032) == 65536  # F_GETPIPE_SZ
+        for fd in (a, b, r, w):
+            os.close(fd)
+    finally:
+        box.close()
+
+
+def test_a_candidate_cannot_speak_for_the_harness(attack):
+    """Class 7: a wrong kernel writes the worker's own out-of-memory-in-the-harness line and exits.
+    The parent takes a candidate worker's error as the kernel's runtime error, in its worker's
+    words, and caches it: the next time it is proposed it is not measured again."""
+    m = attack("harness_words", use_cache=True)
+    assert m.status == "runtime_error" and m.message.startswith("the candidate's worker reported: "), (m.status, m.message)
+    again = attack("harness_words", use_cache=True)
+    assert again.cached and again.status == "runtime_error"
+
+
+def test_a_kernel_computing_below_its_contracts_precision_is_incorrect(attack):
+    """Class A3: cross_entropy's log-sum-exp and softmax in bf16, within tolerance on plain logits:
+    the shifted check cases, on several seeds each, catch it every time."""
+    m = attack("bf16_softmax")
+    assert m.status == "incorrect" and "shift" in m.message, (m.status, m.message)
