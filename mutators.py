@@ -27,6 +27,7 @@ import re
 
 from bins import bin_interval
 from harness.measure_channel import printable
+from tasks import TUNE_LINE
 
 MUTATION_RULES = """You are an expert GPU kernel engineer. Rewrite the kernel below to make it faster.
 Rules:
@@ -151,10 +152,6 @@ class LLMMutator:
             else:
                 out.append({"code": code, "error": None, "meta": meta})
         return out
-
-
-TUNE_LINE = re.compile(r"^(?P<head>(?P<name>[A-Za-z_]\w*)\s*=\s*)(?P<value>\d+)(?P<tail>\s*#\s*tune:\s*"
-                       r"(?P<choices>\d+(?:\s*,\s*\d+)*)\s*)$", re.M)
 
 
 def tunables(code):

@@ -54,7 +54,8 @@ import math
 import re
 import zlib
 
-from mutators import TUNE_LINE, tunables
+from mutators import tunables
+from tasks import TUNE_LINE
 
 FEATURE_VERSION = 1
 CONST_SLOTS = 8

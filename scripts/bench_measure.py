@@ -18,9 +18,15 @@ for a booted sandbox, importing, the correctness calls that JIT-compile) and the
 
     python scripts/bench_measure.py --tasks cross_entropy --workers 1,2 --candidates 8 --quick
 
-With --aa N it measures each task's own reference as the candidate N times (an A/A test: the true
-speedup is exactly 1) and prints the mean, the range and the worst distance from 1 per task, with
-the noise figure measure.py reported beside each figure; the target is every figure within 5%.
+With --aa N it measures the reference as its own candidate N times on every path a candidate comes
+by (an A/A test: the true speedup is exactly 1): each built-in task, a KernelBench problem file
+(torch.relu and torch.softmax, ModelNew identical to Model), a GPU MODE submission (trimul, the
+template's `from task import ...`) and a task file (the README's my_op.py). Per path it prints the
+mean, the range, the worst distance from 1 and the noise figure measure.py reported, and the
+coverage: the share of figures whose two-standard-error interval holds 1.0. With --spread N it
+measures honest kernels that are not the reference (--kernels, default each task's seed and
+variants that run natively) N times each, and prints the same coverage around each kernel's mean
+(leaving the figure out): how far a rerun lands against the noise each figure states.
 
 With --attacks N it measures each hostile candidate of tests/attacks/ that computes the honest
 answer (the reference itself, its attack aimed at the harness) against its honest twin, the same
@@ -35,10 +41,12 @@ as a fresh process, for a fixed workload (each task's seed and first variant), t
 alternating --repeat times, and prints the median wall seconds of each and their ratio:
 
     python scripts/bench_measure.py --aa 5 --tasks cross_entropy,trimul
+    python scripts/bench_measure.py --spread 6 --kernels tasks/kernels/cross_entropy/torch_inplace.py
     python scripts/bench_measure.py --against /tmp/old --tasks cross_entropy --repeat 3
 """
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -53,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import measure  # noqa: E402
 from harness.measure_sandbox import jemalloc  # noqa: E402
 from runtime.measure_pool import MeasurePool, pool_devices  # noqa: E402
-from tasks import TASK_NAMES, seed_path, variant_paths  # noqa: E402
+from tasks import TASK_NAMES, reference_candidate, seed_path, variant_paths  # noqa: E402
 
 
 def main():
@@ -67,8 +75,14 @@ def main():
     parser.add_argument("--workers", help="comma-separated pool sizes, e.g. 1,2 (CPU) or 1,2,4,8 (a GPU node): "
                         "candidates per minute against the number of workers, instead of the per-kernel table")
     parser.add_argument("--candidates", type=int, default=8, help="candidates measured per pool size with --workers")
-    parser.add_argument("--aa", type=int, metavar="N", help="an A/A test instead: each task's reference measured "
-                        "as the candidate N times (true speedup 1)")
+    parser.add_argument("--aa", type=int, metavar="N", help="an A/A test instead: the reference measured as the "
+                        "candidate N times on every path (each task, a KernelBench file, a GPU MODE submission, a task "
+                        "file; true speedup 1), with the noise's coverage")
+    parser.add_argument("--paths", default="builtin,kernelbench,gpumode,taskfile",
+                        help="with --aa: which paths (comma-separated: builtin, kernelbench, gpumode, taskfile)")
+    parser.add_argument("--spread", type=int, metavar="N", help="each honest kernel of --kernels measured N times: "
+                        "the spread of its figures against their stated noise")
+    parser.add_argument("--kernels", help="with --spread: comma-separated TASK:PATH (default: the seeds and torch variants)")
     parser.add_argument("--attacks", type=int, metavar="N", help="each honest-computing attack of tests/attacks/ "
                         "against its honest twin, alternating N times (cross_entropy)")
     parser.add_argument("--against", metavar="DIR", help="another checkout of this project: the per-candidate "
@@ -89,6 +103,8 @@ def main():
         return scaling(tasks[0], args)
     if args.aa:
         return a_over_a(tasks, args)
+    if args.spread:
+        return spread(args)
     if args.attacks:
         return attacks_against_twins(args)
     if args.against:
@@ -173,37 +189,138 @@ def scaling(task, args):
     return 0
 
 
-def reference_as_candidate(task):
-    """A candidate that is the task's reference itself: whatever it measures, the truth is 1.0x."""
-    return f"from tasks.{task} import reference as _reference\n\n\ndef custom_kernel(data):\n    return _reference(data)\n"
+def aa_paths(tasks, paths, folder):
+    """[(path label, task, the reference as its own candidate)] on each path a candidate comes by:
+    the twin loads tasks.reference_candidate(task), and the candidate is the same code the way a
+    user of that path would write it."""
+    from tasks import reference_candidate
+    out = []
+    if "builtin" in paths:
+        out += [(task, task, reference_candidate(task)) for task in tasks]
+    if "kernelbench" in paths:
+        for name, op in (("relu", "torch.relu(x)"), ("softmax", "torch.softmax(x, dim=1)")):
+            problem = folder / f"kb_{name}.py"
+            problem.write_text(KERNELBENCH_PROBLEM.format(op=op))
+            out.append((f"kernelbench {name}", str(problem), reference_candidate(str(problem))))
+    if "gpumode" in paths:
+        out.append(("gpumode trimul", "trimul", GPUMODE_AA))
+    if "taskfile" in paths:
+        readme = (ROOT / "README.md").read_text()
+        source = readme.split("say `my_op.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
+        task_file = folder / "my_op.py"
+        task_file.write_text(source)
+        out.append(("task file my_op", str(task_file), reference_candidate(str(task_file))))
+    return out
+
+
+KERNELBENCH_PROBLEM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return {op}
+
+
+def get_inputs():
+    return [torch.randn(16, 16384)]
+
+
+def get_init_inputs():
+    return []
+"""
+# trimul's reference in GPU MODE's submission template (the shim of its `task` module, its typing)
+GPUMODE_AA = """#!POPCORN leaderboard trimul
+from task import input_t, output_t
+from tasks.trimul import reference as _reference
+
+
+def custom_kernel(data: input_t) -> output_t:
+    return _reference(data)
+"""
+
+
+def coverage(figures, noises, truth):
+    """The share of figures whose two-standard-error interval (their stated noise, of the log)
+    holds `truth` (a number, or one per figure)."""
+    truths = truth if isinstance(truth, list) else [truth] * len(figures)
+    return sum(abs(math.log(f / t)) <= 2 * n for f, n, t in zip(figures, noises, truths)) / len(figures)
 
 
 def a_over_a(tasks, args):
-    """The A/A test (module docstring): the spread of measure.py's figure where the truth is 1."""
-    print(f"# A/A: each task's reference measured as the candidate {args.aa} times"
-          f"{' (--quick)' if args.quick else ''}; target: every figure within 5% of 1")
-    print(f"{'task':<20} {'mean':>7} {'min':>7} {'max':>7} {'worst':>7} {'noise':>7} {'wall s':>7}  figures")
-    worst_all = 0.0
-    for task in tasks:
-        figures, noises, walls = [], [], []
-        for _ in range(args.aa):
-            t0 = time.perf_counter()
-            m = measure.measure(task, reference_as_candidate(task), device=args.device, use_cache=False,
-                                quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
-            walls.append(time.perf_counter() - t0)
-            if m.status != "ok":
-                print(f"error: {task}: the reference as a candidate came back {m.status}: {m.message}", file=sys.stderr)
-                return 1
-            figures.append(m.speedup)
-            noises.append(m.noise or 0.0)
-        worst = max(abs(f - 1) for f in figures)
-        worst_all = max(worst_all, worst)
-        if args.json:
-            print(json.dumps({"task": task, "figures": figures, "noise": noises, "wall_s": walls}))
+    """The A/A test (module docstring): on each path, the spread of measure.py's figure where the
+    truth is 1, and how often its stated noise covers 1."""
+    import tempfile
+    print(f"# A/A: the reference measured as its own candidate {args.aa} times per path"
+          f"{' (--quick)' if args.quick else ''}; targets: every figure within 3% of 1 and within its noise, "
+          "coverage of the 2-standard-error intervals at least 90%")
+    print(f"{'path':<22} {'mean':>7} {'min':>7} {'max':>7} {'worst':>7} {'noise':>7} {'cover':>6} {'wall s':>7}  figures")
+    all_f, all_n = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for label, task, source in aa_paths(tasks, args.paths.split(","), Path(folder)):
+            figures, noises, walls = [], [], []
+            for _ in range(args.aa):
+                t0 = time.perf_counter()
+                m = measure.measure(task, source, device=args.device, use_cache=False, quick=args.quick,
+                                    unsafe_no_sandbox=args.unsafe_no_sandbox)
+                walls.append(time.perf_counter() - t0)
+                if m.status != "ok":
+                    print(f"error: {label}: the reference as a candidate came back {m.status}: {m.message}", file=sys.stderr)
+                    return 1
+                figures.append(m.speedup)
+                noises.append(m.noise)
+            all_f += figures
+            all_n += noises
+            if args.json:
+                print(json.dumps({"path": label, "figures": figures, "noise": noises, "wall_s": walls}), flush=True)
+                continue
+            worst = max(abs(f - 1) for f in figures)
+            print(f"{label:<22} {mean(figures):>7.3f} {min(figures):>7.3f} {max(figures):>7.3f} {worst:>7.1%} "
+                  f"{mean(noises):>7.1%} {coverage(figures, noises, 1.0):>6.0%} {mean(walls):>7.1f}  "
+                  + " ".join(f"{f:.3f}" for f in figures), flush=True)
+    print(f"# {len(all_f)} figures: worst distance from 1 {max(abs(f - 1) for f in all_f):.1%}; "
+          f"within 3% of 1: {sum(abs(f - 1) <= 0.03 for f in all_f)}; coverage of 1.0 by the stated noise: "
+          f"{coverage(all_f, all_n, 1.0):.0%} (target at least 90%)")
+    return 0
+
+
+def spread(args):
+    """Honest kernels that are not the reference, each measured args.spread times with fresh
+    workers: the spread of their figures against the noise each states (module docstring)."""
+    kernels = [k.split(":", 1) for k in args.kernels.split(",")] if args.kernels else [
+        (task, str(p)) for task in ("cross_entropy", "fp8_quant", "trimul")
+        for p in [seed_path(task), *variant_paths(task)] if "triton" not in p.read_text()]
+    print(f"# honest kernels, each measured {args.spread} times with fresh workers: the coverage of each figure's "
+          "2-standard-error interval around the mean of the others (target about 95%)")
+    print(f"{'task':<16} {'kernel':<22} {'mean':>7} {'sd':>6} {'noise':>7} {'cover':>6}  figures")
+    all_f, all_n, all_t = [], [], []
+    for task, path in kernels:
+        source = Path(path).read_text()
+        figures, noises = [], []
+        for _ in range(args.spread):
+            m = measure.measure(task, source, device=args.device, use_cache=False, quick=args.quick)
+            if m.status == "ok":
+                figures.append(m.speedup)
+                noises.append(m.noise)
+        if len(figures) < 3:
+            print(f"{task:<16} {Path(path).stem:<22} fewer than 3 figures", flush=True)
             continue
-        print(f"{task:<20} {mean(figures):>7.3f} {min(figures):>7.3f} {max(figures):>7.3f} {worst:>7.1%} "
-              f"{mean(noises):>7.1%} {mean(walls):>7.1f}  " + " ".join(f"{f:.3f}" for f in figures), flush=True)
-    print(f"# worst distance from 1 over all tasks: {worst_all:.1%} ({'within' if worst_all <= 0.05 else 'outside'} 5%)")
+        logs = [math.log(f) for f in figures]
+        others = [math.exp((sum(logs) - x) / (len(logs) - 1)) for x in logs]  # each left out of its own truth
+        all_f += figures
+        all_n += noises
+        all_t += others
+        sd = statistics.stdev(logs)
+        if args.json:
+            print(json.dumps({"task": task, "kernel": path, "figures": figures, "noise": noises}), flush=True)
+            continue
+        print(f"{task:<16} {Path(path).stem:<22} {math.exp(mean(logs)):>7.3f} {sd:>6.1%} {mean(noises):>7.1%} "
+              f"{coverage(figures, noises, others):>6.0%}  " + " ".join(f"{f:.3f}" for f in figures), flush=True)
+    if all_f:
+        print(f"# {len(all_f)} figures: coverage {coverage(all_f, all_n, all_t):.0%}")
     return 0
 
 
@@ -211,7 +328,7 @@ def a_over_a(tasks, args):
 # its share of a window, its sizing, its charging), each a cross_entropy candidate: measured
 # against their honest twin, any gain is the harness's.
 HONEST_ATTACKS = ("lean_window", "idle_housekeeping", "pad_correctness", "slow_the_reference", "early_inputs",
-                  "timer_via_gc", "timer_fraction", "work_in_exiting_threads", "batch_calls")
+                  "timer_via_gc", "timer_fraction", "work_in_exiting_threads", "batch_calls", "interrupt_timers")
 
 
 def attacks_against_twins(args):
@@ -219,7 +336,7 @@ def attacks_against_twins(args):
     measured in turn args.attacks times: the ratio of the attack's mean figure to the twin's,
     and that ratio's standard error from the two sets' spreads."""
     attacks = ROOT / "tests" / "attacks"
-    twin = reference_as_candidate("cross_entropy")
+    twin = reference_candidate("cross_entropy")
     print(f"# cross_entropy: each attack against its honest twin, alternating, {args.attacks} each"
           f"{' (--quick)' if args.quick else ''}; where the harness holds, every ratio is within its noise of 1")
     print(f"{'attack':<26} {'attack':>8} {'twin':>8} {'ratio':>7} {'+- se':>7}  statuses")

@@ -31,6 +31,7 @@ their allowed values, `BLOCK_V = 1024  # tune: 256, 512, 1024, 2048`, so the off
 mutator of search.py can propose edits without an LLM (mutators.tunables reads them).
 """
 import importlib
+import re
 from pathlib import Path
 
 TASK_NAMES = (
@@ -42,6 +43,10 @@ TASK_NAMES = (
     "gdn_recompute_w_u",
 )
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+# A tunable constant's line (see the module docstring): mutators.tunables reads it, and a task
+# file's seed drops its mark (problem_file.OwnTask.seed_source).
+TUNE_LINE = re.compile(r"^(?P<head>(?P<name>[A-Za-z_]\w*)\s*=\s*)(?P<value>\d+)(?P<tail>\s*#\s*tune:\s*"
+                       r"(?P<choices>\d+(?:\s*,\s*\d+)*)\s*)$", re.M)
 
 
 def _is_file_task(name):

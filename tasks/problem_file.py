@@ -233,6 +233,6 @@ class OwnTask:
         file's own kernel, if any, is overridden, and its `# tune:` marks dropped: see above)."""
         source = self.source
         if hasattr(self.module, "custom_kernel"):
-            from mutators import TUNE_LINE
+            from tasks import TUNE_LINE
             source = TUNE_LINE.sub(lambda m: m["head"] + m["value"], source)
         return source.rstrip() + "\n\n\ndef custom_kernel(data):\n    return reference(data)\n"
