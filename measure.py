@@ -960,7 +960,7 @@ class _Session:
                 if self.quick or elapsed >= STRETCH * spent:
                     break
                 if elapsed >= check_at:  # noisy still? (a noise figure takes milliseconds: not every block)
-                    if self._case_row(case, blocks, outside, n)["noise"] <= NOISE_TARGET:
+                    if self._case_row(case, blocks, outside, n, final=False)["noise"] <= NOISE_TARGET:
                         break
                     check_at = elapsed + 0.1 * spent
             blocks.append(self.pair(case, n, verify=False, ahead=len(blocks) + 1 < max_blocks))
@@ -975,12 +975,12 @@ class _Session:
         row["floor_ms"] = self.physical_floor(case, row)
         return row
 
-    def _case_row(self, case, blocks, outside, n):
+    def _case_row(self, case, blocks, outside, n, final=True):
         # What the candidate's sandbox used between its windows, beyond what the twin's did
         # between its own (both are frozen there: normally nothing), is work it hid: charged.
         hidden = max(0.0, (self.outside_ms["cand"] - outside["cand"]) - (self.outside_ms["ref"] - outside["ref"]))
         windows = {key: [w for b in blocks for w in b[key]] for key in ("ref_ms", "ref_win", "cand_win", "cand_first")}
-        return case_times(windows, 1 if self.device == "cpu" else n, hidden, case_str(case))
+        return case_times(windows, 1 if self.device == "cpu" else n, hidden, case_str(case), disturbance_check=final)
 
     def block_pairs(self, case):
         """Calls per block. CPU: pairs of one-call windows per block (one of them checked in full
@@ -1048,7 +1048,7 @@ def apply_floor(row, floor_ms, where, why):
                         "measurement's noise: the floor stands as its time")
 
 
-def case_times(windows, k, hidden_ms, where):
+def case_times(windows, k, hidden_ms, where, disturbance_check=True):
     """A case's row from the parent's windows, the trusted side's figures only: `windows` holds
     per window the reference's compute (its own, trusted timer), the reference's window and the
     candidate's window (lists in step, the two windows of a pair on the same inputs, run one
@@ -1110,8 +1110,9 @@ def case_times(windows, k, hidden_ms, where):
     draws = [_blocks(m, length, rng) for _ in range(200)]
     logs = [math.log(r / c) for r, c in (estimate(picks) for picks in draws)]
     noise = statistics.stdev(logs)
-    disturbed = disturbance(range(m)) if split else 0.0
-    disturbed_noise = statistics.stdev([disturbance(picks) for picks in draws]) if split else 0.0
+    check = split and disturbance_check  # (not while a case is still being timed: only its noise is asked then)
+    disturbed = disturbance(range(m)) if check else 0.0
+    disturbed_noise = statistics.stdev([disturbance(picks) for picks in draws[:100]]) if check else 0.0
     flags = []
     if hidden_ms > 0.05 * candidate_ms * m * k:
         flags.append(f"{where}: the candidate used {hidden_ms:.1f} ms of CPU outside its windows (while the "

@@ -156,3 +156,51 @@ def test_a_noisy_case_is_timed_on_until_its_noise_target_or_the_cap(monkeypatch,
         assert now[0] - warm <= max(spent + 0.05, 0.05 * min_blocks)
     if not quick and not stretched:
         assert row["noise"] <= measure.NOISE_TARGET
+
+
+def cpu_windows(rng, m, speedup=1.0, second=0.0, deferral=0.0, drift=0.0):
+    """m pairs of CPU one-call windows in a random order: both sides' windows carry a harness share,
+    each is cheaper by `second` when it runs second in its pair (whatever the side), the reference's
+    window right after the candidate's costs `deferral` more (work the candidate left to run), and
+    the machine drifts by `drift` along the pairs, slowly (a sine over the run)."""
+    ref_ms, ref_win, cand_win, cand_first = [], [], [], []
+    for i in range(m):
+        first = rng.random() < 0.5
+        slow = 1 + drift * math.sin(6.3 * i / m)
+        r = 0.5 * slow * rng.lognormvariate(0, 0.08)
+        c = 0.5 / speedup * slow * rng.lognormvariate(0, 0.08)
+        if first:  # the candidate, then the reference
+            c, r = c, r * (1 - second) + 0.5 * deferral
+        else:
+            c = c * (1 - second)
+        ref_ms.append(r)
+        ref_win.append(r + 0.1)
+        cand_win.append(c + 0.1)
+        cand_first.append(first)
+    return dict(ref_ms=ref_ms, ref_win=ref_win, cand_win=cand_win, cand_first=cand_first)
+
+
+def test_work_left_for_the_reference_s_next_window_shows_as_a_disturbance():
+    """case_times' disturbance: a difference in differences of the windows by their place in the
+    pair. Honest windows, whatever the second place saves either side, show none beyond their
+    noise; a candidate whose leftovers cost the reference's next window 10% shows it, beyond the
+    threshold measure.py rejects at, while its speedup is inflated."""
+    rng = random.Random(7)
+    honest = [measure.case_times(cpu_windows(rng, 300, second=0.05), 1, 0.0, "c") for _ in range(20)]
+    flagged = [row["disturbance"] > max(measure.DISTURB_TOLERANCE, measure.DISTURB_SIGMAS * row["disturbance_noise"])
+               for row in honest]
+    assert sum(flagged) <= 1, [round(r["disturbance"], 3) for r in honest]
+    attacked = [measure.case_times(cpu_windows(rng, 300, second=0.05, deferral=0.1), 1, 0.0, "c") for _ in range(20)]
+    caught = [row["disturbance"] > max(measure.DISTURB_TOLERANCE, measure.DISTURB_SIGMAS * row["disturbance_noise"])
+              for row in attacked]
+    assert sum(caught) >= 18 and min(r["speedup"] for r in attacked) > 1.02, [round(r["disturbance"], 3) for r in attacked]
+
+
+def test_the_noise_figure_covers_the_error_when_the_machine_drifts():
+    """The noise is a bootstrap over blocks of neighbouring pairs: under a slow drift of the
+    machine (both sides alike, as a shared VM's load moves) the two-standard-error interval of
+    an A/A's figure holds 1.0 about 95% of the time."""
+    rng = random.Random(11)
+    rows = [measure.case_times(cpu_windows(rng, 200, drift=0.3), 1, 0.0, "c", disturbance_check=False) for _ in range(120)]
+    covered = sum(abs(math.log(r["speedup"])) <= 2 * r["noise"] for r in rows) / len(rows)
+    assert covered >= 0.9, covered
