@@ -117,9 +117,11 @@ BLOCK_CALLS = {"cuda": 100, "cpu": 8}
 # each side holds this many sets of input objects per slot not yet used (every call takes its own).
 ARENA_SLOTS = 4
 FRESH_PER_SLOT = 32
-# Correctness calls, before any timing: seeds of each timed case (KernelBench's five trials) and of
-# each check case.
-TRIALS, CHECK_TRIALS = 5, 2
+# Correctness calls before any timing: seeds of each timed case and of each check case. Every timed
+# call is judged too (at least a warm-up pair and two blocks of them): a timed case gets at least
+# KernelBench's five trials, and a kernel that is slow to call (interpreted Triton: a second a call)
+# pays for the ones that time it, not for three more before.
+TRIALS, CHECK_TRIALS = 2, 2
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")  # a BLAKE3 digest as a GPU worker commits to it
 # The physical floor's significance test (apply_floor): standard errors of log time.
 FLOOR_SIGMAS = 4.0
@@ -425,8 +427,8 @@ class _Session:
             import_s = time.perf_counter() - t0  # the parent's clock, not the candidate's word
             t1 = time.perf_counter()
             # Seeds are drawn now, after the candidate was loaded. Every correctness call is
-            # checked in full: TRIALS seeds of every timed case (KernelBench's five trials), and of
-            # every check case (odd shapes, and inputs that expose precision loss).
+            # checked in full: TRIALS seeds of every timed case, CHECK_TRIALS of every check case
+            # (odd shapes, and inputs that expose precision loss); then every timed call.
             for case in self.timed_cases + self.check_cases:
                 for _ in range(TRIALS if case in self.timed_cases else CHECK_TRIALS):
                     self.pair(case, 1, verify=True, timed=False)
@@ -467,7 +469,7 @@ class _Session:
             self.timed_ref.recv(time.monotonic() + 300, "ready")
             self.timed_ref.freeze(time.monotonic() + 60)
         except WorkerFailed as e:
-            raise HarnessError(f"the reference's timing twin did not start: {e.message}; {self.timed_ref.log_tail()}") from None
+            raise HarnessError(f"the worker that times the reference did not start: {e.message}; {self.timed_ref.log_tail()}") from None
         # The reference as a candidate's source, loaded the way the candidate's is (Worker.load):
         # whatever the harness does around a candidate's call it does around the reference's.
         from tasks import reference_candidate
@@ -645,7 +647,7 @@ class _Session:
             return where, None, window
         raw = self.timed_ref.read_memory(self.twin_clock or 0, 8)  # its call's time, from its frozen memory
         if raw is None:
-            raise HarnessError("the parent could not read the reference's timing twin's clock")
+            raise HarnessError("the parent could not read the clock of the worker that times the reference")
         return where, int.from_bytes(raw, "little", signed=True), window
 
     def _checked_window(self, side, case, case_index, slot):
@@ -664,7 +666,7 @@ class _Session:
             self.check_spec(case, self.ref_specs[key], reply["specs"])
         if reply["where"] is None:
             if side == "ref":
-                raise HarnessError("the timed reference (the twin) returned outputs that are not tensors")
+                raise HarnessError("the worker that times the reference got outputs from it that are not tensors")
             raise _Outcome("incorrect", f"{case_str(case)}: a call returned {_describe(reply['specs'])}")
         try:
             where = parse_where(reply["where"].encode())
@@ -682,20 +684,20 @@ class _Session:
         where_ = case_str(case)
         if len(where) != len(spec):
             if side == "ref":
-                raise HarnessError("the reference's timing twin returned another number of outputs")
+                raise HarnessError("the worker that times the reference got another number of outputs from it")
             raise _Outcome("incorrect", f"{where_}: expected {len(spec)} output tensor(s), got {len(where)}")
         got = []
         for i, ((address, code), exp) in enumerate(zip(where, spec)):
             dtype = "torch." + DTYPES[code] if 0 < code < len(DTYPES) else "another dtype"
             if dtype != exp["dtype"] and dtype not in self.allowed_dtypes:
                 if side == "ref":
-                    raise HarnessError("the reference's timing twin returned another dtype")
+                    raise HarnessError("the worker that times the reference got an output of another dtype from it")
                 raise _Outcome("incorrect", f"{where_}: output[{i}] dtype {dtype.removeprefix('torch.')}, "
                                             f"expected {exp['dtype'].removeprefix('torch.')}")
             data = self._worker(side).read_memory(address, math.prod(exp["shape"]) * DTYPE_BYTES[dtype])
             if data is None:
                 if side == "ref":
-                    raise HarnessError("the parent could not read the reference's timing twin's outputs")
+                    raise HarnessError("the parent could not read the outputs of the worker that times the reference")
                 raise _Outcome("incorrect", f"{where_}: output[{i}]'s bytes are not in the worker's memory where "
                                             "its reply said (an output must be a tensor of the reference's shape)")
             got.append((dtype, data))
@@ -738,7 +740,7 @@ class _Session:
             raise self._ref_failed(cmd, worker, e) from None
 
     def _ref_failed(self, cmd, worker, e):
-        who = "reference worker" if worker is self.ref else "reference's timing twin"
+        who = "reference worker" if worker is self.ref else "worker that times the reference"
         return HarnessError(f"the {who} failed ({cmd['op']}, {case_str(cmd.get('case', {}))}): {e.message}")
 
     def _ref_later(self, cmd, op, then=None, files=()):
@@ -848,7 +850,7 @@ class _Session:
         where = case_str(case)
         bad = next((s for s in spec if not (s["plain"] and s.get("contiguous"))), None)
         if bad is not None:
-            raise _Outcome("incorrect", f"{where}: a call returned {_describe(spec)}")
+            raise _Outcome("incorrect", f"{where}: a call returned {_describe(spec)}; expected {_describe(ref_spec)}")
         if len(spec) != len(ref_spec):
             raise _Outcome("incorrect", f"{where}: expected {len(ref_spec)} output tensor(s), got {_describe(spec)}")
         for i, (got, exp) in enumerate(zip(spec, ref_spec)):

@@ -268,3 +268,23 @@ def test_the_reference_peak_on_a_gpu_leaves_out_the_harnesss_flush_buffer(monkey
     assert measure_worker.peak_memory_bytes("cuda") == 5 * 2**30 - measure_worker.FLUSH_BYTES
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     assert measure_worker.peak_memory_bytes("cuda") == 0
+
+
+def test_the_cache_flusher_runs_on_the_timed_core_and_ends():
+    """measure.py asks the set's CacheFlusher to evict the timed core's own caches before every CPU
+    window: a thread of the parent's pinned to that core, writing a buffer the size of its L2."""
+    import os
+    import threading
+
+    from harness import measure_channel
+    core = {sorted(os.sched_getaffinity(0))[-1]}
+    flusher = measure_channel.CacheFlusher(core)
+    try:
+        flusher.flush()
+        flusher.flush()
+        tid = flusher.thread.native_id
+        assert os.sched_getaffinity(tid) == core
+        assert flusher.size == measure_channel.l2_bytes(core) >= 256 << 10
+    finally:
+        flusher.close()
+    assert not flusher.thread.is_alive() and "cache-flusher" not in [t.name for t in threading.enumerate()]
