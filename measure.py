@@ -6,51 +6,57 @@ feeds this file code that an LLM wrote and that reinforcement learning rewards f
 gets through. So the harness treats a candidate as hostile, and nothing the verdict rests on comes
 from the candidate's process (docs/MEASUREMENT.md lists each attack, its defence and its test):
 
-  parent (this file)       draws the seeds, picks which calls to verify, owns the clock, reads the
-                           timed workers' outputs from their frozen memory, decides the status,
-                           writes the cache. It never imports, unpickles or runs candidate code,
-                           and reads the workers' replies with a typed parser.
-  reference worker         trusted, never loads a candidate: makes the inputs, checks the
-                           candidate's output bytes against the reference's for the same inputs,
-                           and on a GPU runs and times the reference (measure_worker.py).
+  parent (this file)       draws the seeds, owns the clock, reads the timed workers' outputs from
+                           their frozen memory, decides the status, writes the cache. It never
+                           imports, unpickles or runs candidate code, and reads the workers'
+                           replies with a typed parser.
+  reference worker         trusted, never loads a candidate: makes the inputs, judges the
+                           candidate's output bytes against the reference's for the same inputs
+                           (on CPU the twin's), and on a GPU runs and times the reference
+                           (measure_worker.py).
   timing twin (CPU)        trusted: a fresh worker started with the candidate's, exactly as it is
                            (same role, sandbox, limits, address layout, hash seed, arenas), that
-                           loads the reference and gets the candidate's commands. Its windows are
-                           the reference's side: a process's speed follows its history and its
+                           loads the task's reference as a candidate's source, the candidate's way
+                           (tasks.reference_candidate). Its windows are the reference's side, its
+                           outputs the expected ones: a process's speed follows its history and its
                            start, and the twin's are the candidate's (both allocate with jemalloc:
                            under glibc the allocation history alone set a process's speed).
   candidate worker         untrusted, in a sandbox (measure_sandbox.py: bubblewrap, seccomp, its
-                           own cgroup), frozen except inside its commands: loads the candidate and
-                           runs it one call at a time. Nothing it says is believed but where its
-                           outputs are (CPU) or its digests (GPU).
+                           own cgroup and host uid), frozen except inside its commands: loads the
+                           candidate and runs it one call at a time. Nothing it says is believed
+                           but where its outputs are (CPU) or its digests (GPU); its error is its
+                           kernel's, in its own words, never a verdict of the harness's.
 
 The measurement, one candidate:
 1. Load. A fresh sandboxed worker imports the candidate. Only then does the parent draw seeds, so
    nothing computed at import can know an input.
-2. Correctness. Two seeds of every timed case and one of every extra check case, each run on both
-   sides; the candidate's outputs must be plain contiguous tensors of the reference's dtype (or
-   one the task allows), shape and device, its inputs unchanged, its values within the task's
-   tolerance of the reference's.
-3. Timing, case by case, each call on fresh inputs on both sides, the reference's window and the
-   candidate's one after the other, in a random order. On CPU a window is one call: the side is
-   thawed, calls the kernel on inputs the parent copied into its arena while both sides were
-   frozen, replies where its outputs are, and is frozen again; the parent reads the outputs'
-   bytes from the frozen process. On a GPU a window is a block of calls, each call's seed sent
-   only once the call before it replied with the BLAKE3 digests (computed on the device) of its
-   outputs and inputs. After a block the parent picks a call whose bytes the reference worker
-   checks against its own outputs (a call of every block on CPU, of a random quarter on a GPU,
-   handed over against the digest). No call sees another's inputs, no work can be deferred past
-   a window, and garbage risks detection.
+2. Correctness. Two seeds of every timed case and of every check case (odd shapes, and inputs
+   that expose precision loss), each run on both sides; the candidate's outputs must be plain
+   contiguous tensors of the reference's dtype (or one the task allows), shape and device, its
+   inputs unchanged, its values within the task's tolerance of the reference's.
+3. Timing, case by case, each call on fresh inputs (input objects of its own) on both sides, the
+   reference's window and the candidate's one after the other, in a random order. On CPU a window
+   is one call: the timed core's caches are evicted, the side is thawed, calls the kernel on inputs
+   the parent copied into its arena while both sides were frozen, replies where its outputs are,
+   and is frozen again; the parent reads the outputs' bytes from the frozen process, and every
+   call is judged: byte for byte the twin's, or the task's check against them. On a GPU a window
+   is a block of calls, each call's seed sent only once the call before it replied with the BLAKE3
+   digests (computed on the device) of its outputs and inputs; a picked call's bytes (of every
+   correctness block, of a random quarter of the timed ones) are handed over against the digest
+   and checked by the reference worker. No call sees another's inputs, no work can be deferred
+   past a window, and garbage is caught.
 4. The clock is the parent's. A window's time is what the parent saw around it: on CPU the CPU
    time of the sandbox's cgroup (every thread and process the candidate ever started, reaped or
    not) between its thaw and its freeze; on a GPU the wall clock from the block's first command
    to its last reply. Both sides of a comparison run on one CPU core. The reference's time per
    call is the lower quartile of its own (trusted) timer (on CPU the twin's); the candidate's is
    that plus the median over pairs of its window less the reference's (per order within the
-   pair, averaged), in which the harness's share of a window, the machine's drift and the warmth
-   the first side leaves the second cancel. On CPU, whatever the candidate's sandbox used between
-   its windows (it is frozen there) beyond what the twin's did is charged to it. Noise: a
-   bootstrap over the pairs; a speedup within twice that of 1.0 says so.
+   pair, averaged), in which the harness's share of a window, the machine's drift and the order
+   cancel. On CPU, whatever the candidate's sandbox used between its windows (it is frozen there)
+   beyond what the twin's did is charged to it. Noise: a bootstrap over blocks of neighbouring
+   pairs and the process noise; a speedup within twice that of 1.0 says so. The disturbance: the
+   reference's windows right after the candidate's may not cost more than elsewhere (beyond the
+   candidate's own difference): else measured again, then rejected.
 5. Plausibility. On a GPU, a time below the task's unavoidable memory traffic (`min_bytes`) at the
    device's bandwidth is impossible: rejected when it is below by more than the noise, clamped to
    the floor when within it (apply_floor); a speedup above CONFIRM_SPEEDUP is measured again in a
@@ -82,7 +88,7 @@ from harness.measure_worker import CANDIDATE_FILE, DTYPES, case_str
 from runtime import cli
 from runtime.cli import flag
 
-HARNESS_VERSION = "4.0"  # 4.0: on CPU every call is a window of its own, the timed workers frozen between windows, their outputs read by the parent from their frozen memory, inputs copied into a mapped arena just before each call (nothing of the harness left in a window to make cheaper); exact output dtypes and the 1-norm check; 3.6: on CPU the workers allocate with jemalloc (under glibc a process's speed followed its allocation history); 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
+HARNESS_VERSION = "5.0"  # 5.0: the twin loads the reference through the candidate's own load path, every call gets input objects of its own and is judged (on CPU against the twin's outputs), the timed core's caches evicted before every window, the disturbance check, the process noise, timers and AIO refused and no shared count to fill, the candidate's words never the harness's; 4.0: on CPU every call is a window of its own, the timed workers frozen between windows, their outputs read by the parent from their frozen memory, inputs copied into a mapped arena just before each call (nothing of the harness left in a window to make cheaper); exact output dtypes and the 1-norm check; 3.6: on CPU the workers allocate with jemalloc (under glibc a process's speed followed its allocation history); 3.5: the candidate's difference is a median per order within the pairs; 3.4: a side's CPU clock is read once its worker sleeps again (the wait watched bubblewrap before); 3.3: on CPU the twin shares the candidate's hash seed (3.2 figures scattered more); 3.2: on CPU the reference timed in a twin (older CPU figures leaned 5-10%); 3.1: GPU MODE's judging
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected")
 DEFAULT_CACHE_DIR = cache_dir("measurements")
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, most specific name first; a family's fallback
