@@ -106,10 +106,10 @@ DTYPE_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torc
                "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
                "torch.float8_e5m2fnuz": 1, "torch.int64": 8, "torch.int32": 4, "torch.int16": 2,
                "torch.int8": 1, "torch.uint8": 1, "torch.bool": 1}
-# Share of timed blocks whose picked call is handed over and checked in full (every correctness
-# block is): on a GPU a handover moves up to a gigabyte, so a random quarter there, unknown to the
-# candidate until its calls are committed.
-VERIFY_SHARE = {"cuda": 0.25, "cpu": 1.0}
+# GPU: the share of timed blocks whose picked call is handed over and checked in full (every
+# correctness block is): a handover moves up to a gigabyte, so a random quarter, unknown to the
+# candidate until its calls are committed. (On CPU every call is judged: _Session.calls.)
+VERIFY_SHARE = 0.25
 # The reference's figure over a case's windows (see case_times): the lower quartile of its compute.
 QUANTILE = 0.25
 # A block's calls: on a GPU a block is one window of calls whose compute (BLOCK_MS) stands well
@@ -510,14 +510,15 @@ class _Session:
     # -- one pair of windows: the same inputs on both sides, one call verified ---------------------
 
     def pair(self, case, n, verify, timed=True, ahead=False):
-        """n calls on fresh inputs on both sides, each call a window of its own on either side,
-        the two windows of a call in a random order; one call of the candidate's verified in full,
-        picked after all n returned (always when `verify`, else with VERIFY_SHARE). `timed`: the
-        reference's own times are taken (the correctness calls are not timed). Returns the trusted
-        side's figures only: dict(ref_ms, ref_win, cand_win, cand_first), lists of one figure per
-        window pair (on a GPU one pair of blocks of n calls)."""
+        """n calls on fresh inputs on both sides, the reference's and the candidate's in a random
+        order: on CPU each call a window of its own on either side, every call judged; on a GPU a
+        block of n calls on either side, one call of the candidate's verified in full, picked after
+        all n returned (always when `verify`, else with VERIFY_SHARE). `timed`: the reference's own
+        times are taken (the correctness calls are not timed). Returns the trusted side's figures
+        only: dict(ref_ms, ref_win, cand_win, cand_first), lists of one figure per window pair (on
+        a GPU one pair of blocks of n calls)."""
         if self.device == "cpu":
-            return self.calls(case, n, verify, timed, ahead)
+            return self.calls(case, n, timed, ahead)
         return self.gpu_pair(case, n, verify, timed)
 
     def _prepare(self, case, n):
@@ -535,7 +536,7 @@ class _Session:
         self._ref_later(cmd, "prepared", then=made)
         return block
 
-    def calls(self, case, n, verify, timed=True, ahead=False):
+    def calls(self, case, n, timed=True, ahead=False):
         """CPU: n calls on fresh inputs, each call one window on either side (the twin's and the
         candidate's, in a random order), each window timed by the parent's clock: the CPU time of
         the side's sandbox from before it is thawed to after it is frozen again. A call's inputs
@@ -545,9 +546,9 @@ class _Session:
         nothing the candidate's process does outside its windows or says about its outputs
         (but where they are) enters the verdict. Every call is judged: the candidate's outputs
         byte for byte the twin's (the reference, run by a trusted process on the same inputs), or
-        else the task's check on both, by the reference worker (_compare_later). `verify` is the
-        GPU's (every call is verified on CPU). Returns dict(ref_ms, ref_win, cand_win,
-        cand_first), per pair (ref_ms: the twin's own time of its call, when `timed`)."""
+        else the task's check on both, by the reference worker (_compare_later). Returns
+        dict(ref_ms, ref_win, cand_win, cand_first), per pair (ref_ms: the twin's own time of its
+        call, when `timed`)."""
         block, self.ahead = self.ahead, None
         if block is None or block["case"] != case or len(block["paths"]) != n:
             block = self._prepare(case, n)  # (one made for another shape goes unused: _drop_pending)
@@ -816,7 +817,7 @@ class _Session:
             self._saw_call(case, "cand", (cand_win - (ref_win - sum(ref_ms))) / n)
         for ref, cand in zip(refs, cands):
             self.check_commit(case, ref, cand)
-        if verify or secrets.randbelow(10**6) < VERIFY_SHARE[self.device] * 10**6:
+        if verify or secrets.randbelow(10**6) < VERIFY_SHARE * 10**6:
             self.verify(case, secrets.randbelow(n), refs[0]["spec"], cands)
         return dict(ref_ms=[sum(ref_ms)], ref_win=[ref_win], cand_win=[cand_win], cand_first=[bool(cand_first)])
 

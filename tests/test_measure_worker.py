@@ -287,4 +287,4 @@ def test_the_cache_flusher_runs_on_the_timed_core_and_ends():
         assert flusher.size == measure_channel.l2_bytes(core) >= 256 << 10
     finally:
         flusher.close()
-    assert not flusher.thread.is_alive() and "cache-flusher" not in [t.name for t in threading.enumerate()]
+    assert not flusher.thread.is_alive() and flusher.thread not in threading.enumerate()
