@@ -173,6 +173,7 @@ class Measurement:
     flags: list = dataclasses.field(default_factory=list)
     import_s: float | None = None     # importing the candidate
     check_s: float | None = None      # the correctness calls (Triton's JIT compiles in the first ones)
+    build_s: float | None = None      # of import_s + check_s: building the kernel (its import, and what its first call of each case took beyond its second: torch.compile, Triton's JIT)
     time_s: float | None = None       # the timed windows, both sides, verification included
     verify_s: float | None = None     # of check_s + time_s: handing outputs over and checking them in full (on CPU the checks run beside the next block: what the parent waited)
     reference_peak_gb: float | None = None  # the trusted worker's peak memory (on a GPU: reserved, less the 256 MB L2 flush buffer)
@@ -416,6 +417,7 @@ class _Session:
         # CPU: each case's arena (_arena) and the reference's outputs (shapes and dtypes, from the
         # twin's checked windows) by case.
         self.arenas, self.ref_specs, self.ref_container = {}, {}, {}
+        self.checked_s = {}  # CPU: the candidate's checked windows by case, the parent's wall clock (build_s)
         self.twin_clock = None  # CPU: where in the twin's memory its last timed call's time is (Worker.go)
 
     def run(self, source):
@@ -465,9 +467,16 @@ class _Session:
             flags.append(f"{speedup:.3f}x is within two standard errors of 1.0 (noise {noise:.1%}): no speedup the measurement can tell")
         return dict(status="ok", speedup=speedup, noise=noise, within_noise=within, cases=rows, flags=flags,
                     message=f"geomean speedup {speedup:.3f}x over {len(rows)} case(s)",
-                    import_s=round(import_s, 3), check_s=round(t2 - t1, 3),
+                    import_s=round(import_s, 3), check_s=round(t2 - t1, 3), build_s=round(import_s + self.build_extra(), 3),
                     time_s=round(time.perf_counter() - t2, 3), verify_s=round(self.verify_s, 3), reference_peak_gb=round(self.ref_peak / 2**30, 3),
                     candidate_peak_gb=round(self.cand.peak_bytes() / 2**30, 3))
+
+    def build_extra(self):
+        """Seconds the candidate's first call of each case took beyond its second (both correctness
+        calls, on fresh inputs of the same shape): what a kernel that builds at its first call (a
+        torch.compile, Triton's JIT for a new shape) spent building, for build_s. (On a GPU: 0,
+        the blocks' calls are not timed one by one.)"""
+        return sum(max(0.0, s[0] - s[1]) for s in self.checked_s.values() if len(s) >= 2)
 
     def _start_twin(self):
         """The twin has booted as the candidate did; it loads the reference (its failures are the harness's)."""
@@ -661,10 +670,12 @@ class _Session:
         """CPU: one side's checked window (the correctness calls): the call, and a description of
         its outputs compared with the reference's (the twin's is the reference's); returns
         (where its outputs are, the window's CPU ms)."""
-        c0 = self._enter(side)
+        c0, w0 = self._enter(side), time.perf_counter()
         reply = self._command(side, {"op": "call", "case": case, "case_index": case_index, "slot": slot}, "called")
         window = self._leave(side) - c0
         key = case_str(case)
+        if side == "cand":  # its first calls of a case may build (build_s)
+            self.checked_s.setdefault(key, []).append(time.perf_counter() - w0)
         if side == "ref":
             self.ref_specs[key] = reply["specs"]
             self.ref_container[key] = reply["container"]
@@ -1258,8 +1269,10 @@ def format_table(m):
             lines.append("* a CPU-only shape, outside the original problem's")
         lines.append("noise: one standard error of the speedup (a bootstrap over the paired windows); "
                      "call spread: how much the candidate's single calls vary (interquartile range / median)")
-        lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s (JIT compile included), timing {m.time_s:.2f} s"
-                     + (f"; of these, full output checks {m.verify_s:.2f} s" if m.verify_s is not None else ""))
+        parts = [f"building the kernel {m.build_s:.2f} s" if m.build_s is not None else "",
+                 f"judging outputs {m.verify_s:.2f} s" if m.verify_s is not None else ""]
+        lines.append(f"import {m.import_s:.2f} s, correctness {m.check_s:.2f} s, timing {m.time_s:.2f} s"
+                     + (f" (of these: {', '.join(p for p in parts if p)})" if any(parts) else ""))
         if m.reference_peak_gb:
             what = "GPU memory reserved" if "(GPU)" in m.timer else "resident memory"
             lines.append(f"reference worker's peak {what}: {m.reference_peak_gb:.2f} GiB (a candidate worker needs about as much)")
