@@ -112,8 +112,10 @@ def test_cpu_only_shapes_are_labelled_in_verdicts_and_gpu_cases_are_the_original
     # GPU MODE's test shapes (its task.yml `tests`), checked on a GPU
     assert [(c["B"], c["T"], c["H"], c["K"], c["V"]) for c in get_task("gdn_chunk_fwd_h").CHECK_CASES] == \
         [(1, 64, 2, 64, 64), (2, 128, 4, 64, 64), (1, 256, 4, 64, 128)]
+    # cross_entropy's, and one of ours with shifted logits (docs/FIDELITY.md: stricter than the original)
     assert [(c["B"], c["V"]) for c in get_task("cross_entropy").CHECK_CASES] == \
-        [(4096, 32000), (4096, 50264), (4096, 128256)]
+        [(4096, 32000), (4096, 50264), (4096, 128256), (256, 32000)]
+    assert get_task("cross_entropy").CHECK_CASES[-1]["shift"] == -300.0
     # trimul's CPU cases are GPU MODE's smallest; cross_entropy's cannot be, and say so
     assert not any(c.get("cpu_only") for c in get_task("trimul").CPU_CASES)
     case = get_task("cross_entropy").CPU_CASES[0]
@@ -148,7 +150,9 @@ def custom_kernel(data):
 '''
     m = run(src)
     assert m.status == "runtime_error", (m.status, m.message)
-    assert m.message.split(": ", 1)[1].startswith("cannot run on CPU") and "inline assembly" in m.message
+    # the worker's words (the candidate's process said it), then the case, then why
+    said = m.message.removeprefix("the candidate's worker reported: ")
+    assert said.split(": ", 1)[1].startswith("cannot run on CPU") and "inline assembly" in m.message
     assert "--device cuda" in m.message and "\n" not in m.message
 
 
@@ -161,7 +165,8 @@ def test_a_kernel_that_asks_torch_cuda_at_import_cannot_run_on_cpu_and_says_why(
         "\ndef custom_kernel(data):\n    return _trimul(*data)\n"
     m = run(src)
     assert m.status == "compile_error", (m.status, m.message)
-    assert m.message.startswith("cannot run on CPU: the kernel needs a CUDA device") and "\n" not in m.message
+    said = m.message.removeprefix("the candidate's worker reported: ")
+    assert said.startswith("cannot run on CPU: the kernel needs a CUDA device") and "\n" not in m.message
 
 
 @pytest.mark.slow

@@ -673,12 +673,12 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
     measurement: that measurement raises HarnessError (never a verdict that a search would log),
     and nothing raises anywhere else."""
     import threading
-    got, timing = [], threading.Event()
+    got, timing, closed = [], threading.Event(), threading.Event()
     time_case = measure._Session.time_case
 
     def signalling(self, case):  # the workers are closed while the first case is being timed
         timing.set()
-        time.sleep(0.5)
+        closed.wait(60)  # (however loaded the machine, the close comes first)
         return time_case(self, case)
     monkeypatch.setattr(measure._Session, "time_case", signalling)
 
@@ -697,6 +697,7 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
         sets = list(measure_channel._ALL_SETS)
     for worker_set in sets:
         worker_set.close()
+    closed.set()
     t.join(120)
     assert not t.is_alive() and len(got) == 1
     assert isinstance(got[0], measure.HarnessError) and "interrupted" in str(got[0]), got[0]
