@@ -82,9 +82,10 @@ import time
 from pathlib import Path
 
 from data.records import cache_dir, write_atomic
-from harness.measure_channel import WorkerFailed, new_token, parse_where, pin, printable, workers
+from harness.measure_channel import WorkerFailed, parse_where, printable
 from harness.measure_sandbox import jemalloc, require_sandbox
 from harness.measure_worker import CANDIDATE_FILE, DTYPES, case_str
+from harness.worker_set import new_token, pin, workers
 from runtime import cli
 from runtime.cli import flag
 
@@ -348,7 +349,7 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
     ws = workers(gpu)  # this thread's workers on that GPU
     for attempt in (0, 1):
         # CPU: the reference's timed calls run in a twin, a fresh worker born with the candidate's
-        # (measure_channel.WorkerSet.candidate_pair); the reference worker makes inputs and checks.
+        # (worker_set.WorkerSet.candidate_pair); the reference worker makes inputs and checks.
         try:
             cand, twin = ws.candidate_pair(task, device, sandboxed, memory_bytes)  # they boot while the reference does
         except WorkerFailed as e:  # no candidate code has run: the harness's failure (or the set was closed)
@@ -358,7 +359,7 @@ def _measure_once(task, source, device, gpu, device_name, scale, timeout_s, memo
                 ref, ready = ws.reference_worker(task, device, sandboxed, baseline)
             except WorkerFailed as e:
                 raise HarnessError(f"the reference worker did not start: {e.message}") from None
-            for w in (cand, twin):  # both sides of every comparison on one core (measure_channel.WorkerSet)
+            for w in (cand, twin):  # both sides of every comparison on one core (worker_set.WorkerSet)
                 if w is not None:
                     pin(w, ws.core)
             # On a GPU the reference worker is the reference's timed side; on CPU it makes inputs and

@@ -163,7 +163,7 @@ def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monke
     is kept) and no input file is left behind."""
     import os
 
-    from harness import measure_channel
+    from harness import worker_set
     from tasks import cross_entropy
     honest = (len(cross_entropy.CPU_CASES) * measure.TRIALS
               + len(cross_entropy.CPU_CHECK_CASES) * measure.CHECK_TRIALS)  # the correctness calls
@@ -185,7 +185,7 @@ def custom_kernel(data):
     for source, status in [(wrong, "incorrect"), (dies, "crashed"), (BODY + "def custom_kernel(data):\n    return _ce(*data)\n", "ok")]:
         m = run(source)
         assert m.status == status, (status, m.message)
-        left = {name: os.listdir(path) for name, path in measure_channel.workers().dirs.items()}
+        left = {name: os.listdir(path) for name, path in worker_set.workers().dirs.items()}
         assert not any(left.values()), left
     assert max(waiting) >= 1 or len(os.sched_getaffinity(0)) == 1  # it did work beside the timed pair
 
@@ -199,7 +199,7 @@ def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
     import os
     import threading
 
-    from harness import measure_channel
+    from harness import worker_set
     waiting = {}  # beside -> the most replies awaited when a command was sent
     later = measure._Session._ref_later
 
@@ -215,7 +215,7 @@ def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
         try:
             results.append(run(source))
         finally:
-            measure_channel.release_workers()
+            worker_set.release_workers()
     thread = threading.Thread(target=one_core)
     thread.start()
     thread.join()

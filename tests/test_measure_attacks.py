@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import measure
-from harness import measure_channel, measure_sandbox
+from harness import measure_channel, measure_sandbox, worker_set
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ROOT / "tests" / "attacks"
@@ -115,12 +115,12 @@ def attack(tmp_path):
 def no_cgroup(monkeypatch):
     """The sandbox of a machine where this process may not create cgroups: process clocks, and no
     new processes, memfds or SysV shared memory on CPU (measure_sandbox.py)."""
-    measure_channel.release_workers()  # workers booted under the cgroup plan
+    worker_set.release_workers()  # workers booted under the cgroup plan
     monkeypatch.setenv("GPU_FORECASTERS_NO_CGROUP", "1")
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
     assert "no cgroup" in measure_sandbox.require_sandbox().describe()
     yield
-    measure_channel.release_workers()
+    worker_set.release_workers()
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
 
 
@@ -588,14 +588,14 @@ def test_a_worker_whose_isolation_fails_stops_before_any_candidate_code(monkeypa
     """Its second filter cannot be loaded (simulated: a program the kernel refuses): the worker
     stops before it reads a command, and the measurement is the harness's failure, not a verdict
     on the candidate, which never ran."""
-    measure_channel.release_workers()
+    worker_set.release_workers()
     monkeypatch.setattr(measure_channel, "after_join_filter", lambda: bytes(8))
     try:
         with pytest.raises(measure.HarnessError, match="loading the second seccomp filter failed"):
             measure.measure(TASK, (ATTACKS / "lean_window.py").read_text(), device="cpu", quick=True,
                             use_cache=False, cache_dir=tmp_path)
     finally:
-        measure_channel.release_workers()
+        worker_set.release_workers()
 
 
 NORMAL_USER = 1234  # any uid but root's and the sandbox's
@@ -689,14 +689,14 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
         except BaseException as e:  # noqa: BLE001 - what the thread ended with is the test's subject
             got.append(e)
         finally:
-            measure_channel.release_workers()
+            worker_set.release_workers()
     t = threading.Thread(target=measuring)
     t.start()
     assert timing.wait(120)
-    with measure_channel._ALL_LOCK:
-        sets = list(measure_channel._ALL_SETS)
-    for worker_set in sets:
-        worker_set.close()
+    with worker_set._ALL_LOCK:
+        sets = list(worker_set._ALL_SETS)
+    for each in sets:
+        each.close()
     t.join(120)
     assert not t.is_alive() and len(got) == 1
     assert isinstance(got[0], measure.HarnessError) and "interrupted" in str(got[0]), got[0]

@@ -276,15 +276,15 @@ def test_the_cache_flusher_runs_on_the_timed_core_and_ends():
     import os
     import threading
 
-    from harness import measure_channel
+    from harness import worker_set
     core = {sorted(os.sched_getaffinity(0))[-1]}
-    flusher = measure_channel.CacheFlusher(core)
+    flusher = worker_set.CacheFlusher(core)
     try:
         flusher.flush()
         flusher.flush()
         tid = flusher.thread.native_id
         assert os.sched_getaffinity(tid) == core
-        assert flusher.size == measure_channel.l2_bytes(core) >= 256 << 10
+        assert flusher.size == worker_set.l2_bytes(core) >= 256 << 10
     finally:
         flusher.close()
     assert not flusher.thread.is_alive() and flusher.thread not in threading.enumerate()
