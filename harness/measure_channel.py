@@ -288,7 +288,7 @@ class WorkerProcess:
         if msg["op"] == "ready":
             self._main_pid()
         if msg["op"] == "error":
-            if self.trusted:  # the harness's own side: measure.py makes it a HarnessError
+            if self.trusted:  # the harness's own side: a HarnessError (harness/sides.py)
                 raise WorkerFailed("crashed", msg["message"])
             # A candidate's account of its own failure: its words, said to be its worker's, and
             # the status of a kernel that failed to load or to run. Never `crashed` (or any word of
