@@ -642,11 +642,6 @@ def views(mm, layout, base=0):
     return [build(c) for c in layout["calls"]]
 
 
-def map_inputs(path, layout):
-    """Every call's inputs of a block's file, as tensors over a read-only mapping of it."""
-    return views(map_file(path), layout)
-
-
 # The dtypes an output may have, by the code a timed window's reply names them with (0: another).
 DTYPES = ("", "float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
           "float8_e5m2fnuz", "int64", "int32", "int16", "int8", "uint8", "bool")

@@ -165,7 +165,7 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
     arena = tmp_path / "arena.bin"
     arena.write_bytes(bytes(64) + open(path, "rb").read())  # slot 0 at byte 64
     setup = {"op": "setup", "case_index": 0, "arena": str(arena), "layout": layout, "bases": [64], "fresh": 3}
-    expected = ref.fn(measure_worker.map_inputs(path, layout)[0])
+    expected = ref.fn(measure_worker.views(measure_worker.map_file(path), layout)[0])
 
     def timed(worker):
         read_fd, write_fd = os.pipe()
