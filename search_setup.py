@@ -440,16 +440,16 @@ def local_url(url):
 
 def worker_gpu_bytes(task):
     """An estimate of one measure worker's peak GPU memory for `task` at benchmark shapes: a timed
-    block's inputs and outputs (measure.BLOCK_BYTES at most), the temporaries of making a call's
+    block's inputs and outputs (harness.gpu_blocks.BLOCK_BYTES at most), the temporaries of making a call's
     inputs and of the reference (taken as three times the largest call's unavoidable bytes: e.g.
     cross_entropy's fp32 copy of its logits and their log-softmax), the L2 flush buffer and the CUDA
     context. measure.py reports the measured figure (Measurement.reference_peak_gb), and
     scripts/gpu_check.py prints both side by side, so the first GPU run checks this estimate."""
-    import measure
     import tasks
+    from harness.gpu_blocks import BLOCK_BYTES
     t = tasks.get_task(task)
     largest = max(t.min_bytes(c) for c in t.BENCHMARK_CASES)
-    return min(measure.BLOCK_BYTES["cuda"], 16 * largest) + 3 * largest + (1 << 30)
+    return min(BLOCK_BYTES, 16 * largest) + 3 * largest + (1 << 30)
 
 
 def weights_bytes(name_or_path):

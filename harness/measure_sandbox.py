@@ -321,7 +321,7 @@ DENIED = ["ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getf
           "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "vhangup",
           "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "uselib",
           "migrate_pages", "move_pages",
-          # the parent pins both sides of a comparison to one core (measure_channel.pin): a
+          # the parent pins both sides of a comparison to one core (worker_set.pin): a
           # candidate that moved itself to a quieter core would be timed on other hardware
           "sched_setaffinity",
           # quotas the kernel keeps per host user, not per sandbox: a candidate holding many

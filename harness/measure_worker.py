@@ -1,6 +1,7 @@
 """measure_worker.py: the program on each side of measure.py's trust boundary.
 
-measure.py (the trusted parent) starts this file in two roles:
+measure.py (the trusted parent) starts this file in two roles, and talks to it through
+cpu_windows.py on CPU and gpu_blocks.py on a GPU:
 
   reference  trusted. Never loads candidate code. Makes the inputs (on CPU it writes each call's
              to a file; the parent copies it into the timed workers' arena), runs the task's
@@ -8,7 +9,7 @@ measure.py (the trusted parent) starts this file in two roles:
              output bytes (the task's own check, run here), inputs checked unchanged.
   candidate  untrusted, in its sandbox (measure_sandbox.py). Loads the candidate once and runs
              `custom_kernel` one call at a time. On CPU its twin, the reference's timed side, is
-             a worker of this role too that loaded the reference instead (measure.py).
+             a worker of this role too that loaded the reference instead (cpu_windows.py).
 
 On CPU a window is one call (`go`): the command, the call, a reply that says where the outputs
 are. The parent froze the process before and freezes it after; it reads the clock (the sandbox's
@@ -639,11 +640,6 @@ def views(mm, layout, base=0):
             return {k: build(v) for k, v in node["dict"]}
         return node["v"]
     return [build(c) for c in layout["calls"]]
-
-
-def map_inputs(path, layout):
-    """Every call's inputs of a block's file, as tensors over a read-only mapping of it."""
-    return views(map_file(path), layout)
 
 
 # The dtypes an output may have, by the code a timed window's reply names them with (0: another).

@@ -9,7 +9,7 @@ measure.measure() unchanged (the same sandbox, verification and clock on every w
   MeasurePool   pool workers in this process, one per device. Each is a long-lived thread that
                 owns its device (a GPU; on CPU a share of the cores) and measures one candidate at
                 a time with its own reference worker and candidate sandboxes, pinned to its GPU
-                (measure_channel keeps a thread's workers; a worker's die-with-parent signal follows
+                (harness/worker_set.py keeps a thread's workers; a worker's die-with-parent signal follows
                 the thread that started it, so the threads live as long as the pool).
   RayPool       the same on a Ray cluster (one machine or many): each measurement is a Ray task
                 that asks for one GPU (on CPU a share of the CPUs, so that as many measurements
@@ -37,7 +37,7 @@ import queue
 import threading
 import time
 
-from harness import measure_channel, measure_sandbox
+from harness import measure_sandbox, worker_set
 
 
 def pool_devices(devices="all", workers=None):
@@ -113,7 +113,7 @@ class MeasurePool:
                 future.set_result(dict(measurement=m.to_dict(), worker=name, started=started, ended=ended,
                                        seconds=ended - started))
         finally:
-            measure_channel.release_workers()  # from this thread, which started them
+            worker_set.release_workers()  # from this thread, which started them
 
     def close(self, wait=True):
         """Cancel what no worker has started, end the workers and their processes once their

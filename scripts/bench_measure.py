@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 import measure  # noqa: E402
 from harness.measure_sandbox import jemalloc  # noqa: E402
+from harness.sides import HarnessError  # noqa: E402
 from runtime.measure_pool import MeasurePool, pool_devices  # noqa: E402
 from tasks import TASK_NAMES, reference_candidate, seed_path, variant_paths  # noqa: E402
 
@@ -120,7 +121,7 @@ def main():
                 try:
                     m = measure.measure(task, path.read_text(), device=args.device, use_cache=False,
                                         quick=args.quick, unsafe_no_sandbox=args.unsafe_no_sandbox)
-                except (ValueError, measure.HarnessError) as e:
+                except (ValueError, HarnessError) as e:
                     print(f"error: {e}", file=sys.stderr)
                     return 2
                 wall = time.perf_counter() - t0
@@ -168,7 +169,7 @@ def scaling(task, args):
         with MeasurePool(pools[n]) as pool:
             try:
                 results = [f.result() for f in [pool.submit(task, s, **kwargs) for s in sources]]
-            except (ValueError, measure.HarnessError) as e:
+            except (ValueError, HarnessError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
         wall = time.perf_counter() - t0

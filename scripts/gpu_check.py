@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import measure  # noqa: E402
+from harness.estimate import peak_bandwidth  # noqa: E402
 from tasks import TASK_NAMES, get_task, seed_path, variant_paths  # noqa: E402
 
 
@@ -388,7 +389,7 @@ def cross_entropy_section(emit, args):
     task = get_task("cross_entropy")
     kernels = [seed_path("cross_entropy")] + [p for p in variant_paths("cross_entropy")
                                                if not args.quick or p.stem == QUICK_VARIANT]
-    peak = measure.peak_bandwidth(torch.cuda.get_device_name(0))
+    peak = peak_bandwidth(torch.cuda.get_device_name(0))
     emit("### cross_entropy: measure.py vs triton.testing.do_bench (median ms), bandwidth vs floors")
     emit("")
     emit("| kernel | status | geomean speedup | reference worker peak GiB (search's estimate) | wall s (full "

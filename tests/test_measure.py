@@ -157,13 +157,14 @@ def custom_kernel(data):
 
 def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monkeypatch):
     """On CPU the reference worker judges a block's calls while the next block is timed, and
-    makes that block's inputs meanwhile (measure._Session._ref_later). A kernel that turns
+    makes that block's inputs meanwhile (harness.cpu_windows.CpuWindows.ref_later). A kernel that turns
     wrong once its correctness calls are behind it is still caught; so is one that dies there,
     and either way no reply of the reference worker is left unread for the next measurement (it
     is kept) and no input file is left behind."""
     import os
 
-    from harness import measure_channel
+    from harness import worker_set
+    from harness.cpu_windows import CpuWindows
     from tasks import cross_entropy
     honest = (len(cross_entropy.CPU_CASES) * measure.TRIALS
               + len(cross_entropy.CPU_CHECK_CASES) * measure.CHECK_TRIALS)  # the correctness calls
@@ -179,13 +180,13 @@ def custom_kernel(data):
     wrong = turns.format("grad = grad * 0")
     dies = turns.format("import os; os._exit(3)")
     waiting = []  # replies awaited as each command to the reference worker was sent
-    later = measure._Session._ref_later
-    monkeypatch.setattr(measure._Session, "_ref_later",
+    later = CpuWindows.ref_later
+    monkeypatch.setattr(CpuWindows, "ref_later",
                         lambda self, *a, **kw: (waiting.append(len(self.ref_pending)), later(self, *a, **kw))[1])
     for source, status in [(wrong, "incorrect"), (dies, "crashed"), (BODY + "def custom_kernel(data):\n    return _ce(*data)\n", "ok")]:
         m = run(source)
         assert m.status == status, (status, m.message)
-        left = {name: os.listdir(path) for name, path in measure_channel.workers().dirs.items()}
+        left = {name: os.listdir(path) for name, path in worker_set.workers().dirs.items()}
         assert not any(left.values()), left
     assert max(waiting) >= 1 or len(os.sched_getaffinity(0)) == 1  # it did work beside the timed pair
 
@@ -199,14 +200,15 @@ def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
     import os
     import threading
 
-    from harness import measure_channel
+    from harness import worker_set
+    from harness.cpu_windows import CpuWindows
     waiting = {}  # beside -> the most replies awaited when a command was sent
-    later = measure._Session._ref_later
+    later = CpuWindows.ref_later
 
     def spy(self, cmd, op, then=None, files=()):
         waiting[self.beside] = max(waiting.get(self.beside, 0), len(self.ref_pending))
         return later(self, cmd, op, then, files)
-    monkeypatch.setattr(measure._Session, "_ref_later", spy)
+    monkeypatch.setattr(CpuWindows, "ref_later", spy)
     source = BODY + "def custom_kernel(data):\n    return _ce(*data)\n"
     results = []
 
@@ -215,7 +217,7 @@ def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
         try:
             results.append(run(source))
         finally:
-            measure_channel.release_workers()
+            worker_set.release_workers()
     thread = threading.Thread(target=one_core)
     thread.start()
     thread.join()
@@ -415,14 +417,15 @@ def test_a_speedup_above_the_confirmation_line_is_measured_twice(monkeypatch, tm
 
 
 def test_physical_floor_uses_the_faster_of_datasheet_and_measured_bandwidth():
+    from harness.estimate import physical_floor_ms
     gb = 4 * 4096 * 128256
-    assert measure.physical_floor_ms(gb, "NVIDIA H200", 4.3e12) == pytest.approx(gb / 4.8e12 * 1e3)
+    assert physical_floor_ms(gb, "NVIDIA H200", 4.3e12) == pytest.approx(gb / 4.8e12 * 1e3)
     # the most specific name wins: an H100 NVL's HBM is faster than the SXM part's
-    assert measure.physical_floor_ms(gb, "NVIDIA H100 NVL", None) == pytest.approx(gb / 3.9e12 * 1e3)
-    assert measure.physical_floor_ms(gb, "NVIDIA H100 80GB HBM3", None) == pytest.approx(gb / 3.35e12 * 1e3)
-    assert measure.physical_floor_ms(gb, "NVIDIA L4", None) == pytest.approx(gb / 0.3e12 * 1e3)
-    assert measure.physical_floor_ms(gb, "Some Future GPU", 9e12) == pytest.approx(gb / 9e12 * 1e3)
-    assert measure.physical_floor_ms(gb, "Some Future GPU", None) is None
+    assert physical_floor_ms(gb, "NVIDIA H100 NVL", None) == pytest.approx(gb / 3.9e12 * 1e3)
+    assert physical_floor_ms(gb, "NVIDIA H100 80GB HBM3", None) == pytest.approx(gb / 3.35e12 * 1e3)
+    assert physical_floor_ms(gb, "NVIDIA L4", None) == pytest.approx(gb / 0.3e12 * 1e3)
+    assert physical_floor_ms(gb, "Some Future GPU", 9e12) == pytest.approx(gb / 9e12 * 1e3)
+    assert physical_floor_ms(gb, "Some Future GPU", None) is None
 
 
 # ---- command line ---------------------------------------------------------------------------

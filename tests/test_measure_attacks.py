@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import measure
-from harness import measure_channel, measure_sandbox
+from harness import cpu_windows, measure_channel, measure_sandbox, worker_set
+from harness.sides import HarnessError
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ROOT / "tests" / "attacks"
@@ -115,12 +116,12 @@ def attack(tmp_path):
 def no_cgroup(monkeypatch):
     """The sandbox of a machine where this process may not create cgroups: process clocks, and no
     new processes, memfds or SysV shared memory on CPU (measure_sandbox.py)."""
-    measure_channel.release_workers()  # workers booted under the cgroup plan
+    worker_set.release_workers()  # workers booted under the cgroup plan
     monkeypatch.setenv("GPU_FORECASTERS_NO_CGROUP", "1")
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
     assert "no cgroup" in measure_sandbox.require_sandbox().describe()
     yield
-    measure_channel.release_workers()
+    worker_set.release_workers()
     monkeypatch.setattr(measure_sandbox, "_PLAN", None)
 
 
@@ -516,10 +517,10 @@ def test_padded_correctness_calls_size_nothing(attack, monkeypatch):
     # Blocks of 100 ms instead of 6: sized from the 160 ms correctness calls every block would be
     # one pair, sized from the timed windows even a loaded 2-core machine's calls (CI's took 6 and
     # 34 ms) give several, so the check below tells the two apart on any machine.
-    monkeypatch.setitem(measure.BLOCK_MS, "cpu", 100.0)
+    monkeypatch.setattr(cpu_windows, "BLOCK_MS", 100.0)
     m = at_most_honest(attack, "pad_correctness")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
-    fast = [c for c in m.cases if max(c["reference_ms"], c["candidate_ms"]) < measure.BLOCK_MS["cpu"] / 2]
+    fast = [c for c in m.cases if max(c["reference_ms"], c["candidate_ms"]) < cpu_windows.BLOCK_MS / 2]
     assert fast and all(c["block_pairs"] > 1 for c in fast), [(c["reference_ms"], c["block_pairs"]) for c in m.cases]
 
 
@@ -588,14 +589,14 @@ def test_a_worker_whose_isolation_fails_stops_before_any_candidate_code(monkeypa
     """Its second filter cannot be loaded (simulated: a program the kernel refuses): the worker
     stops before it reads a command, and the measurement is the harness's failure, not a verdict
     on the candidate, which never ran."""
-    measure_channel.release_workers()
+    worker_set.release_workers()
     monkeypatch.setattr(measure_channel, "after_join_filter", lambda: bytes(8))
     try:
-        with pytest.raises(measure.HarnessError, match="loading the second seccomp filter failed"):
+        with pytest.raises(HarnessError, match="loading the second seccomp filter failed"):
             measure.measure(TASK, (ATTACKS / "lean_window.py").read_text(), device="cpu", quick=True,
                             use_cache=False, cache_dir=tmp_path)
     finally:
-        measure_channel.release_workers()
+        worker_set.release_workers()
 
 
 NORMAL_USER = 1234  # any uid but root's and the sandbox's
@@ -646,25 +647,28 @@ def test_every_cpu_millisecond_of_the_candidates_sandbox_is_in_a_window_or_charg
     its time outside them, which is charged to it beyond the twin's (case_times). Here the
     candidate keeps a thread busy the whole time: it runs only inside its windows."""
     seen = []
-    time_case, go = measure._Session.time_case, measure._Session._go
+    time_case, window = measure.time_case, cpu_windows.CpuWindows.window
 
-    def spy_time_case(self, case):
-        self.windows_seen, start, outside = [], self._clock(self.cand), self.outside_ms["cand"]
-        row = time_case(self, case)
-        seen.append((self._clock(self.cand) - start, sum(self.windows_seen), self.outside_ms["cand"] - outside))
+    def spy_time_case(sides, case, *args):
+        sides.windows_seen, start, outside = [], sides.cand.cpu_ms(), sides.outside_ms["cand"]
+        row = time_case(sides, case, *args)
+        seen.append((sides.cand.cpu_ms() - start, sum(sides.windows_seen), sides.outside_ms["cand"] - outside))
         return row
 
-    def spy_go(self, side, case_index, slot):
-        where, ns, window = go(self, side, case_index, slot)
+    def spy_window(self, side, case_index, slot):
+        where, ms, window_ms = window(self, side, case_index, slot)
         if side == "cand" and hasattr(self, "windows_seen"):
-            self.windows_seen.append(window)
-        return where, ns, window
-    monkeypatch.setattr(measure._Session, "time_case", spy_time_case)
-    monkeypatch.setattr(measure._Session, "_go", spy_go)
+            self.windows_seen.append(window_ms)
+        return where, ms, window_ms
+    monkeypatch.setattr(measure, "time_case", spy_time_case)
+    monkeypatch.setattr(cpu_windows.CpuWindows, "window", spy_window)
     m = attack("idle_housekeeping")
     assert m.status == "ok", m.message
+    # A task's last microseconds before it stops are accounted after the freezer has reported
+    # it frozen (CI saw 4 us): the next window's start charges them as time outside, but at a
+    # case's end they fall after its last window, beyond this spy's reach
     for total, windows, outside in seen:
-        assert total == pytest.approx(windows + outside, abs=1e-6), (total, windows, outside)
+        assert total == pytest.approx(windows + outside, abs=0.02), (total, windows, outside)
         assert outside < 0.05 * total, (total, windows, outside)
 
 
@@ -674,13 +678,13 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
     and nothing raises anywhere else."""
     import threading
     got, timing, closed = [], threading.Event(), threading.Event()
-    time_case = measure._Session.time_case
+    time_case = measure.time_case
 
-    def signalling(self, case):  # the workers are closed while the first case is being timed
+    def signalling(sides, case, *args):  # the workers are closed while the first case is being timed
         timing.set()
         closed.wait(60)  # (however loaded the machine, the close comes first)
-        return time_case(self, case)
-    monkeypatch.setattr(measure._Session, "time_case", signalling)
+        return time_case(sides, case, *args)
+    monkeypatch.setattr(measure, "time_case", signalling)
 
     def measuring():
         try:
@@ -689,18 +693,18 @@ def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a
         except BaseException as e:  # noqa: BLE001 - what the thread ended with is the test's subject
             got.append(e)
         finally:
-            measure_channel.release_workers()
+            worker_set.release_workers()
     t = threading.Thread(target=measuring)
     t.start()
     assert timing.wait(120)
-    with measure_channel._ALL_LOCK:
-        sets = list(measure_channel._ALL_SETS)
-    for worker_set in sets:
-        worker_set.close()
+    with worker_set._ALL_LOCK:
+        sets = list(worker_set._ALL_SETS)
+    for each in sets:
+        each.close()
     closed.set()
     t.join(120)
     assert not t.is_alive() and len(got) == 1
-    assert isinstance(got[0], measure.HarnessError) and "interrupted" in str(got[0]), got[0]
+    assert isinstance(got[0], HarnessError) and "interrupted" in str(got[0]), got[0]
 
 
 def test_a_worker_ended_from_several_threads_at_once_ends_once():

@@ -1,6 +1,6 @@
 """The parent's clock under injected jitter: a simulation of the GPU's timed blocks.
 
-measure.case_times turns the trusted side's figures (the reference's own event times, and the
+harness.estimate.case_times turns the trusted side's figures (the reference's own event times, and the
 parent's wall clock around each side's block) into a speedup and its noise. On a real GPU each
 block's wall window carries the harness's share (fingerprints, a device sync, the pipe) and a
 tenth of a millisecond or more of jitter. These tests draw such windows for honest kernels whose
@@ -14,6 +14,9 @@ import random
 import pytest
 
 import measure
+from harness import gpu_blocks
+from harness.estimate import apply_floor, case_times
+from harness.sides import Outcome
 
 
 def simulate(rng, ref_call_ms, speedup, k, m, share_ms=0.4, jitter_ms=(0.1, 0.3), spike=(0.05, 2.0), second=0.0):
@@ -36,16 +39,17 @@ def simulate(rng, ref_call_ms, speedup, k, m, share_ms=0.4, jitter_ms=(0.1, 0.3)
 
 
 def block_calls(ref_call_ms, cand_call_ms):
-    """The calls per GPU block that measure._Session.block_pairs picks once it has seen both sides."""
-    session = measure._Session.__new__(measure._Session)
-    session.device, session.bytes_per_call = "cuda", {"c": 1}
-    session.call_ms = {("c", "ref"): ref_call_ms, ("c", "cand"): cand_call_ms}
-    return measure._Session.block_pairs(session, "c")
+    """The calls per GPU block that gpu_blocks.GpuBlocks.block_pairs picks once it has seen both sides."""
+    blocks = gpu_blocks.GpuBlocks.__new__(gpu_blocks.GpuBlocks)
+    blocks.bytes_per_call = {"c": 1}
+    blocks.call_ms = {("c", "ref"): ref_call_ms, ("c", "cand"): cand_call_ms}
+    return blocks.block_pairs("c")
 
 
 @pytest.fixture(autouse=True)
 def _case_str_is_identity(monkeypatch):
     monkeypatch.setattr(measure, "case_str", lambda case: case)
+    monkeypatch.setattr(gpu_blocks, "case_str", lambda case: case)
 
 
 @pytest.mark.parametrize("ref_call_ms, speedup", [
@@ -60,7 +64,7 @@ def test_honest_kernels_keep_their_speedup_under_jitter(ref_call_ms, speedup):
     errors, covered, runs = [], 0, 200
     for _ in range(runs):
         m = rng.randint(8, 12)  # REPS: at least 8 blocks at benchmark scale
-        row = measure.case_times(simulate(rng, ref_call_ms, speedup, k, m), k, 0.0, "c")
+        row = case_times(simulate(rng, ref_call_ms, speedup, k, m), k, 0.0, "c")
         err = abs(math.log(row["speedup"] / speedup))
         errors.append(err)
         covered += err <= 3 * row["noise"] + 0.01
@@ -79,8 +83,8 @@ def test_the_order_within_a_pair_cancels_instead_of_widening_the_spread():
     by_order, pooled = [], []
     for _ in range(300):
         w = simulate(rng, 0.5, 1.0, 4, 30, share_ms=0.3, jitter_ms=(0.0, 0.05), spike=(0.0, 0.0), second=0.1)
-        by_order.append(math.log(measure.case_times(w, 4, 0.0, "c")["speedup"]))
-        pooled.append(math.log(measure.case_times({**w, "cand_first": None}, 4, 0.0, "c")["speedup"]))
+        by_order.append(math.log(case_times(w, 4, 0.0, "c")["speedup"]))
+        pooled.append(math.log(case_times({**w, "cand_first": None}, 4, 0.0, "c")["speedup"]))
 
     def rms(errors):
         return math.sqrt(sum(e * e for e in errors) / len(errors))
@@ -92,9 +96,9 @@ def test_a_fast_candidate_gets_windows_long_enough_for_its_own_time():
     # A 20x candidate of a 2 ms reference: the block must hold enough of the candidate's calls
     # that ~0.3 ms of jitter is small beside them, not just BLOCK_MS of the reference's.
     k = block_calls(2.0, 0.1)
-    assert k * 0.1 >= measure.BLOCK_MS["cuda"] / 4
+    assert k * 0.1 >= gpu_blocks.BLOCK_MS / 4
     # A candidate as fast as the reference keeps the usual block.
-    assert block_calls(2.0, 2.0) == math.ceil(measure.BLOCK_MS["cuda"] / 2.0)
+    assert block_calls(2.0, 2.0) == math.ceil(gpu_blocks.BLOCK_MS / 2.0)
 
 
 def test_the_floor_rejects_only_what_is_significantly_below_it():
@@ -102,13 +106,13 @@ def test_the_floor_rejects_only_what_is_significantly_below_it():
         return dict(candidate_ms=ms, reference_ms=1.0, speedup=1.0 / ms, noise=noise, flags=[])
 
     near = row(0.097, 0.02)  # 3% below a 0.1 ms floor with 2% noise: the noise's doing
-    measure.apply_floor(near, 0.1, "c", "test")
+    apply_floor(near, 0.1, "c", "test")
     assert near["candidate_ms"] == 0.1 and near["speedup"] == pytest.approx(10.0) and near["flags"]
     above = row(0.2, 0.02)
-    measure.apply_floor(above, 0.1, "c", "test")
+    apply_floor(above, 0.1, "c", "test")
     assert above["candidate_ms"] == 0.2 and not above["flags"]
-    with pytest.raises(measure._Outcome) as e:
-        measure.apply_floor(row(0.05, 0.02), 0.1, "c", "test")  # half the floor: impossible
+    with pytest.raises(Outcome) as e:
+        apply_floor(row(0.05, 0.02), 0.1, "c", "test")  # half the floor: impossible
     assert e.value.status == "rejected" and "physical floor" in e.value.message
 
 
@@ -119,9 +123,9 @@ def test_an_honest_kernel_at_the_floor_is_not_rejected_under_jitter():
     floor_ms = ref_call_ms / speedup
     k = block_calls(ref_call_ms, floor_ms)
     for _ in range(200):
-        r = measure.case_times(simulate(rng, ref_call_ms, speedup, k, 8), k, 0.0, "c")
+        r = case_times(simulate(rng, ref_call_ms, speedup, k, 8), k, 0.0, "c")
         r["flags"] = list(r["flags"])
-        measure.apply_floor(r, floor_ms, "c", "test")
+        apply_floor(r, floor_ms, "c", "test")
         assert r["candidate_ms"] >= floor_ms
 
 
@@ -131,22 +135,35 @@ def test_an_honest_kernel_at_the_floor_is_not_rejected_under_jitter():
     ((0.0, 3.0), True, False),    # --quick never stretches
 ])
 def test_a_noisy_case_is_timed_on_until_its_noise_target_or_the_cap(monkeypatch, jitter_ms, quick, stretched):
-    """measure._Session.time_case on a simulated clock: blocks of windows drawn as above, each
+    """measure.time_case on a simulated clock: blocks of windows drawn as above, each
     block taking 50 ms. The case stops at its budget when its noise figure is within
     NOISE_TARGET, and is timed on, to at most STRETCH times its budget, when it is not."""
     rng = random.Random(3)
     now = [0.0]
     monkeypatch.setattr(measure.time, "monotonic", lambda: now[0])
-    session = measure._Session.__new__(measure._Session)
-    session.device, session.quick, session.timed_cases = "cpu", quick, ["c"]
-    session.outside_ms = {"ref": 0.0, "cand": 0.0}
-    monkeypatch.setattr(measure._Session, "block_pairs", lambda self, case: 16)
 
-    def pair(self, case, n, verify, timed=True, ahead=False):  # CPU: n pairs of one-call windows
-        now[0] += 0.05
-        return simulate(rng, 0.5, 1.0, 1, n, share_ms=0.2, jitter_ms=jitter_ms, spike=(0.0, 0.0))
-    monkeypatch.setattr(measure._Session, "pair", pair)
-    row = session.time_case("c")
+    class Sides:  # CPU: blocks of 16 pairs of one-call windows, nothing used outside them
+        device = "cpu"
+
+        def block_pairs(self, case):
+            return 16
+
+        def timed_block(self, case, n, ahead=False):
+            now[0] += 0.05
+            return simulate(rng, 0.5, 1.0, 1, n, share_ms=0.2, jitter_ms=jitter_ms, spike=(0.0, 0.0))
+
+        def calls_per_window(self, n):
+            return 1
+
+        def outside_now(self):
+            return {"ref": 0.0, "cand": 0.0}
+
+        def hidden_ms(self, since):
+            return 0.0
+
+        def physical_floor(self, case, row):
+            return None
+    row = measure.time_case(Sides(), "c", 1, quick)
     budget, min_blocks, _ = measure.REPS[("cpu", quick)]
     spent = 2 * budget
     warm = 0.0 if quick else measure.WARM_S["cpu"] + 0.05  # the warm-up's pairs, then the budget's
@@ -186,11 +203,11 @@ def test_work_left_for_the_reference_s_next_window_shows_as_a_disturbance():
     noise; a candidate whose leftovers cost the reference's next window 10% shows it, beyond the
     threshold measure.py rejects at, while its speedup is inflated."""
     rng = random.Random(7)
-    honest = [measure.case_times(cpu_windows(rng, 300, second=0.05), 1, 0.0, "c") for _ in range(12)]
+    honest = [case_times(cpu_windows(rng, 300, second=0.05), 1, 0.0, "c") for _ in range(12)]
     flagged = [row["disturbance"] > max(measure.DISTURB_TOLERANCE, measure.DISTURB_SIGMAS * row["disturbance_noise"])
                for row in honest]
     assert sum(flagged) <= 1, [round(r["disturbance"], 3) for r in honest]
-    attacked = [measure.case_times(cpu_windows(rng, 300, second=0.05, deferral=0.1), 1, 0.0, "c") for _ in range(12)]
+    attacked = [case_times(cpu_windows(rng, 300, second=0.05, deferral=0.1), 1, 0.0, "c") for _ in range(12)]
     caught = [row["disturbance"] > max(measure.DISTURB_TOLERANCE, measure.DISTURB_SIGMAS * row["disturbance_noise"])
               for row in attacked]
     assert sum(caught) >= 11 and min(r["speedup"] for r in attacked) > 1.02, [round(r["disturbance"], 3) for r in attacked]
@@ -201,6 +218,6 @@ def test_the_noise_figure_covers_the_error_when_the_machine_drifts():
     machine (both sides alike, as a shared VM's load moves) the two-standard-error interval of
     an A/A's figure holds 1.0 about 95% of the time."""
     rng = random.Random(11)
-    rows = [measure.case_times(cpu_windows(rng, 200, drift=0.3), 1, 0.0, "c", disturbance_check=False) for _ in range(80)]
+    rows = [case_times(cpu_windows(rng, 200, drift=0.3), 1, 0.0, "c", disturbance_check=False) for _ in range(80)]
     covered = sum(abs(math.log(r["speedup"])) <= 2 * r["noise"] for r in rows) / len(rows)
     assert covered >= 0.9, covered

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import measure
-from harness import measure_channel
+from harness import measure_channel, worker_set
 from runtime import measure_pool
 from runtime.measure_pool import MeasurePool, pool_devices
 from tasks import seed_source, variant_sources
@@ -113,9 +113,9 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
     sets = {}
 
     def take(name, gpu):
-        sets[name] = measure_channel.workers(gpu)
-        sets[name + " again"] = measure_channel.workers(gpu)
-        measure_channel.release_workers()
+        sets[name] = worker_set.workers(gpu)
+        sets[name + " again"] = worker_set.workers(gpu)
+        worker_set.release_workers()
 
     threads = [threading.Thread(target=take, args=(n, g)) for n, g in (("a", 1), ("b", 2), ("c", None))]
     for t in threads:
@@ -125,7 +125,7 @@ def test_each_thread_has_its_own_workers_pinned_to_its_gpu(monkeypatch):
     assert sets["a"] is sets["a again"] and sets["a"] is not sets["b"]
     assert (sets["a"].visible, sets["b"].visible, sets["c"].visible) == ("5", "6", "4,5,6")  # physical ids
     with pytest.raises(ValueError, match="GPU 3 is not among the 3"):
-        measure_channel.workers(3)
+        worker_set.workers(3)
 
 
 def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes_none(monkeypatch):
@@ -153,9 +153,9 @@ def test_spares_boot_for_the_kind_a_thread_keeps_asking_for_and_a_one_off_wastes
         idles.append(idle)
         return booted[-1]
 
-    monkeypatch.setattr(measure_channel, "pin", lambda worker, cores: None)
-    monkeypatch.setattr(measure_channel, "wake_up", lambda pids: woken.extend(pids))
-    ws = measure_channel.WorkerSet(None)
+    monkeypatch.setattr(worker_set, "pin", lambda worker, cores: None)
+    monkeypatch.setattr(worker_set, "wake_up", lambda pids: woken.extend(pids))
+    ws = worker_set.WorkerSet(None)
     monkeypatch.setattr(ws, "_new_pair", new_pair)
     got = [ws.candidate_pair(task, "cpu", True, 1) for task in ("a", "a", "a", "b", "a", "a")]
     assert [cand.kind for cand, twin in got] == ["a", "a", "a", "b", "a", "a"]
@@ -180,8 +180,8 @@ def test_worker_sets_claim_cores_that_no_other_set_on_the_machine_holds(tmp_path
     in this process or another, is skipped; with every core held, sets share; a core is free again
     once its set closes or its process ends, however it ends."""
     import subprocess
-    monkeypatch.setattr(measure_channel, "CORE_LOCKS", str(tmp_path))
-    claim = measure_channel.claim_core
+    monkeypatch.setattr(worker_set, "CORE_LOCKS", str(tmp_path))
+    claim = worker_set.claim_core
     a, b = claim([0, 1], 0), claim([0, 1], 0)
     assert (a[0], b[0]) == (1, 0) and None not in (a[1], b[1])
     assert claim([0, 1], 0) == (1, None)  # every core held: shared
@@ -207,7 +207,7 @@ def test_worker_sets_claim_cores_that_no_other_set_on_the_machine_holds(tmp_path
     assert freed[0] == 1
     os.close(freed[1])
     if len(os.sched_getaffinity(0)) >= 2:  # two sets of this process: two cores, and back on close
-        first, second = measure_channel.WorkerSet(None), measure_channel.WorkerSet(None)
+        first, second = worker_set.WorkerSet(None), worker_set.WorkerSet(None)
         try:
             assert first.core != second.core and first.core_lock is not None and second.core_lock is not None
         finally:
@@ -260,8 +260,8 @@ def test_two_cpu_workers_measure_real_candidates_at_once_in_their_sandboxes():
     with MeasurePool(["cpu", "cpu"], measure.measure) as pool:
         assert "disturb each other" in pool.note
         results = [f.result(timeout=300) for f in [pool.submit(TASK, s, use_cache=False, quick=True) for s in sources]]
-        mine = getattr(measure_channel._THREAD, "workers", None)  # this thread's, from other tests
-        pids = {w.proc.pid for ws in measure_channel._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
+        mine = getattr(worker_set._THREAD, "workers", None)  # this thread's, from other tests
+        pids = {w.proc.pid for ws in worker_set._ALL_SETS if ws is not mine for w, _ in ws.references.values()}
     assert [r["measurement"]["status"] for r in results] == ["ok", "ok"]
     assert {r["worker"] for r in results} == {"cpu:0", "cpu:1"}
     assert overlapping(*[(r["started"], r["ended"]) for r in results])
@@ -382,13 +382,13 @@ def test_a_killed_processs_exchange_folder_is_removed_by_the_next(tmp_path):
     memory under /dev/shm); the next process to make one removes it, and never a live process's."""
     import subprocess
 
-    from harness import measure_channel
+    from harness import worker_set
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = tmp_path / f"{measure_channel.EXCHANGE_PREFIX}{dead.pid}-abc"
-    live = tmp_path / f"{measure_channel.EXCHANGE_PREFIX}{os.getpid()}-def"
+    stale = tmp_path / f"{worker_set.EXCHANGE_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{worker_set.EXCHANGE_PREFIX}{os.getpid()}-def"
     other = tmp_path / "gpu-forecasters-measure-07y_5fcl"  # not one of ours by name: left alone
     for folder in (stale, live, other):
         (folder / "inputs").mkdir(parents=True)
-    measure_channel._remove_stale_exchanges(str(tmp_path))
+    worker_set._remove_stale_exchanges(str(tmp_path))
     assert not stale.exists() and live.exists() and other.exists()

@@ -165,7 +165,7 @@ def test_the_timing_twin_is_a_candidate_worker_that_loaded_the_reference(tmp_pat
     arena = tmp_path / "arena.bin"
     arena.write_bytes(bytes(64) + open(path, "rb").read())  # slot 0 at byte 64
     setup = {"op": "setup", "case_index": 0, "arena": str(arena), "layout": layout, "bases": [64], "fresh": 3}
-    expected = ref.fn(measure_worker.map_inputs(path, layout)[0])
+    expected = ref.fn(measure_worker.views(measure_worker.map_file(path), layout)[0])
 
     def timed(worker):
         read_fd, write_fd = os.pipe()
@@ -276,15 +276,15 @@ def test_the_cache_flusher_runs_on_the_timed_core_and_ends():
     import os
     import threading
 
-    from harness import measure_channel
+    from harness import worker_set
     core = {sorted(os.sched_getaffinity(0))[-1]}
-    flusher = measure_channel.CacheFlusher(core)
+    flusher = worker_set.CacheFlusher(core)
     try:
         flusher.flush()
         flusher.flush()
         tid = flusher.thread.native_id
         assert os.sched_getaffinity(tid) == core
-        assert flusher.size == measure_channel.l2_bytes(core) >= 256 << 10
+        assert flusher.size == worker_set.l2_bytes(core) >= 256 << 10
     finally:
         flusher.close()
     assert not flusher.thread.is_alive() and flusher.thread not in threading.enumerate()

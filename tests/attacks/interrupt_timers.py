@@ -6,7 +6,8 @@ instances, each of which the expiry wakes in turn; a POSIX timer and an interval
 20 microseconds; and a hundred threads asleep with short timeouts, whose wake-ups would land in
 the twin's windows too if the freeze left their timers armed. Every arming call is refused by the
 sandbox's filter, so this measures as the honest reference does; were any to work, the twin's
-figure alone after the candidate's death (measure._Session.check_alone) would show it."""
+windows right after the candidate's would cost more than after the gap between pairs (the disturbance
+check, measure.time_case) and show it."""
 import importlib
 import time
 
