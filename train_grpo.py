@@ -543,15 +543,15 @@ def policy_step(acc, wrapped, optimizer, params, micro_batches, n_tokens, args, 
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
 
-def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
+def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress=True):
     """Run GRPO as configured by `args` (an Args); returns {"log": [...], "eval": {...}}.
 
     prompt_fn (row -> prompt token ids) and parse (text -> Forecast) default to the forecaster's
     prompt and parser; tests inject a synthetic pair. model/tokenizer: a base model in memory
-    instead of --model (an adapter is added to it)."""
+    instead of --model (an adapter is added to it). progress=False: no start-up estimate and no
+    progress (the calibration demo's runs, which it reports itself)."""
     import torch
     from accelerate import Accelerator
-    from tqdm import tqdm
     acc = Accelerator()  # plumbing (DDP): one process per GPU under accelerate launch
     device, out = acc.device, Path(args.out)
     rows = load_rows(args.data)
@@ -608,9 +608,14 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
     served = args.model  # the model the server samples from: the base, or the adapter it last loaded
     tis = server is not None and args.tis_cap > 0  # weight the server's samples by min(pi / pi_server, C)
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
-               disable=not (acc.is_main_process and cli.progress_bars()))
-    for step in bar:
+    expected = None  # plumbing (logging): the run's expected duration, from a forward timed here
+    if progress and acc.is_main_process:
+        expected, words = expected_duration(model, probe, args, start, max_new, share_prompt, acc.num_processes,
+                                            len(eval_rows))
+        acc.print(words, file=sys.stderr)
+    bar = cli.Progress("GRPO", args.steps, "steps", initial=start, expected_s=expected,
+                       enabled=progress and acc.is_main_process)
+    for step in range(start, args.steps):
         t0 = time.perf_counter()  # plumbing (logging)
         if device.type == "cuda":  # plumbing (logging)
             torch.cuda.reset_peak_memory_stats(device)
@@ -647,9 +652,13 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if acc.is_main_process:
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            bar.set_postfix(reward=f"{rec['reward']:.3f}", kept=f"{rec['groups_kept']}/{rec['groups']}")
+            bar.update()
+            bar.set_words(step_words(rec))
+            if progress and step == start and args.ppo_epochs == 1 and rec["groups_kept"]:
+                acc.print(ZERO_LOSS_NOTE, file=sys.stderr)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(acc, wrapped, optimizer, step + 1, out, args)
+    bar.close()
     # the final adapter, then the held-out evaluation on the main process alone (no barrier after
     # it: a long evaluation must not hit the other processes' collective timeout)
     summary = None
@@ -659,6 +668,59 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             seed_everything(args.seed, args.steps, 0)  # the same forecasts after a --resume
             summary = evaluate(policy, eval_rows, prompt_fn, parse, args, out, max_new, allowed, switch)
     return {"log": records, "eval": summary}
+
+
+# ---- what the log says: the step's words, the start-up estimate --------------------------------------
+
+# GRPO's loss is not a figure of progress: with one epoch (ratio 1) it is minus the token-weighted
+# mean of the advantages, which sum to zero within a group, so it is 0 (exactly, when a group's
+# completions are equally long) while its gradient is not. The reward and the gradient's norm move.
+ZERO_LOSS_NOTE = ("note: log.jsonl's loss is ~0 at every step of one --ppo-epochs by construction (the ratio is 1 "
+                  "and a group's advantages sum to zero), not a sign that nothing is learnt: its gradient is not "
+                  "zero (grad_norm); watch reward, brier and crps move")
+
+
+def step_words(rec):
+    """What the progress shows of a step: its reward, the groups that carried a signal, the gradient."""
+    words = f"reward {rec['reward']:.3f}, {rec['groups_kept']}/{rec['groups']} groups kept"
+    if not rec["groups_kept"]:
+        return words + " (every group's rewards equal: nothing to learn from this step)"
+    return words + (f", grad norm {rec['grad_norm']:.3g}" if rec.get("grad_norm") is not None else "")
+
+
+def expected_duration(model, prompts, args, start, max_new, share, processes, n_eval):
+    """(seconds, the start-up line): the steps left and the evaluation, timed from one forward of a
+    typical prompt on this machine (its median length, the second of two runs). A sample costs
+    about 1 + 1 + 3 x --ppo-epochs forwards of its prompt (sampling, pi_old, forward and backward;
+    one more each for gradient checkpointing and --kl-coef; the sampling forward shared by the
+    group with shared prompts) and a one-token forward per completion token; the evaluation one
+    forward and the completion per forecast. The progress lines replace it with the steps' own
+    rate once a step is done."""
+    import torch
+    prompt = sorted(prompts, key=len)[len(prompts) // 2]
+    ids = torch.tensor([prompt], device=model.device)
+
+    def timed(x):
+        with torch.no_grad():
+            for _ in range(2):  # the first call warms up (allocations, kernels)
+                t0 = time.perf_counter()
+                model(input_ids=x)
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
+        return time.perf_counter() - t0
+    full, token = timed(ids), timed(ids[:, -1:])
+    completion = args.votes if args.answer_format == "votes" else max_new
+    forwards = (1 / args.group_size if share else 1) + 1 + args.ppo_epochs * (3 + checkpointing(model)) \
+        + (args.kl_coef > 0)
+    samples = args.prompts_per_step * args.group_size / processes
+    step_s = samples * (forwards * full + completion * token)
+    eval_s = n_eval * args.eval_samples * (full + completion * token)
+    total = (args.steps - start) * step_s + eval_s
+    bound = "" if args.answer_format == "votes" else f", at most: every completion {max_new} tokens long"
+    return total, (f"expected duration: about {cli.duration(total)} here{bound} ({args.steps - start} steps of "
+                   f"{samples:g} samples at ~{cli.duration(step_s)} a step, and {n_eval} x {args.eval_samples} "
+                   f"held-out forecasts, timed from a forward of a {len(prompt)}-token prompt, the median of the first "
+                   f"rows': {full:.2f} s here); the progress lines correct it from the steps' own rate")
 
 
 # ---- command line --------------------------------------------------------------------------------
