@@ -573,6 +573,9 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress
     if model is None:
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
+        else:  # seconds to minutes on a loaded CPU, before the estimate and the progress can say anything
+            acc.print(f"loading {lm.EMBEDDED_NAME} (the expected duration follows once a forward is timed)",
+                      file=sys.stderr)
         model, tokenizer = (lm.load_embedded() if args.embedded else
                             lm.load_model(args.model, device=device, training=True, attention=args.attention,
                                           say=lambda line: acc.print(line, file=sys.stderr)))
@@ -610,8 +613,8 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress
     tis = server is not None and args.tis_cap > 0  # weight the server's samples by min(pi / pi_server, C)
     expected = None  # plumbing (logging): the run's expected duration, from a forward timed here
     if progress and acc.is_main_process:
-        expected, words = expected_duration(model, probe, args, start, max_new, share_prompt, acc.num_processes,
-                                            len(eval_rows))
+        expected, words = expected_duration(model, probe, args, start, max_new, (share_prompt, share),
+                                            acc.num_processes, len(eval_rows))
         acc.print(words, file=sys.stderr)
     bar = cli.Progress("GRPO", args.steps, "steps", initial=start, expected_s=expected,
                        enabled=progress and acc.is_main_process)
@@ -678,6 +681,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress
 ZERO_LOSS_NOTE = ("note: log.jsonl's loss is ~0 at every step of one --ppo-epochs by construction (the ratio is 1 "
                   "and a group's advantages sum to zero), not a sign that nothing is learnt: its gradient is not "
                   "zero (grad_norm); watch reward, brier and crps move")
+PROBE_TOKENS = 512  # of a prompt, timed for the start-up estimate (a forward's cost grows about linearly)
 
 
 def step_words(rec):
@@ -688,17 +692,17 @@ def step_words(rec):
     return words + (f", grad norm {rec['grad_norm']:.3g}" if rec.get("grad_norm") is not None else "")
 
 
-def expected_duration(model, prompts, args, start, max_new, share, processes, n_eval):
-    """(seconds, the start-up line): the steps left and the evaluation, timed from one forward of a
-    typical prompt on this machine (its median length, the second of two runs). A sample costs
-    about 1 + 1 + 3 x --ppo-epochs forwards of its prompt (sampling, pi_old, forward and backward;
-    one more each for gradient checkpointing and --kl-coef; the sampling forward shared by the
-    group with shared prompts) and a one-token forward per completion token; the evaluation one
-    forward and the completion per forecast. The progress lines replace it with the steps' own
-    rate once a step is done."""
+def expected_duration(model, prompts, args, start, max_new, shared, processes, n_eval):
+    """(seconds, the start-up line): the steps left and the evaluation, timed from a forward of a
+    typical prompt here (the median length of the first rows; its first PROBE_TOKENS tokens timed,
+    the second of two runs, and scaled to its length). A sample costs about 1 + 1 + 3 x
+    --ppo-epochs forwards of its prompt (sampling, pi_old, forward and backward; one more each for
+    --kl-coef and gradient checkpointing; `shared`: whether a group's samples share the sampling
+    forward, and pi_old's) and a one-token forward per completion token; the evaluation one forward
+    and the completion per forecast. The progress lines go by the steps' own pace once one is done."""
     import torch
     prompt = sorted(prompts, key=len)[len(prompts) // 2]
-    ids = torch.tensor([prompt], device=model.device)
+    ids = torch.tensor([prompt[:PROBE_TOKENS]], device=model.device)
 
     def timed(x):
         with torch.no_grad():
@@ -708,10 +712,10 @@ def expected_duration(model, prompts, args, start, max_new, share, processes, n_
                 if x.device.type == "cuda":
                     torch.cuda.synchronize(x.device)
         return time.perf_counter() - t0
-    full, token = timed(ids), timed(ids[:, -1:])
+    full, token = timed(ids) * len(prompt) / ids.shape[1], timed(ids[:, -1:])
     completion = args.votes if args.answer_format == "votes" else max_new
-    forwards = (1 / args.group_size if share else 1) + 1 + args.ppo_epochs * (3 + checkpointing(model)) \
-        + (args.kl_coef > 0)
+    in_sampling, in_passes = (1 / args.group_size if on else 1 for on in shared)
+    forwards = in_sampling + in_passes * (1 + (args.kl_coef > 0)) + args.ppo_epochs * (3 + checkpointing(model))
     samples = args.prompts_per_step * args.group_size / processes
     step_s = samples * (forwards * full + completion * token)
     eval_s = n_eval * args.eval_samples * (full + completion * token)
@@ -719,8 +723,8 @@ def expected_duration(model, prompts, args, start, max_new, share, processes, n_
     bound = "" if args.answer_format == "votes" else f", at most: every completion {max_new} tokens long"
     return total, (f"expected duration: about {cli.duration(total)} here{bound} ({args.steps - start} steps of "
                    f"{samples:g} samples at ~{cli.duration(step_s)} a step, and {n_eval} x {args.eval_samples} "
-                   f"held-out forecasts, timed from a forward of a {len(prompt)}-token prompt, the median of the first "
-                   f"rows': {full:.2f} s here); the progress lines correct it from the steps' own rate")
+                   f"held-out forecasts; a forward of a {len(prompt)}-token prompt, the median of the first rows', "
+                   f"takes ~{full:.2f} s here); the progress lines correct it from the steps' own pace")
 
 
 # ---- command line --------------------------------------------------------------------------------
