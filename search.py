@@ -77,6 +77,9 @@ Decisions this file documents:
     them. F is not part of the search's identity: it never changes what the search does.
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
+from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
+
+# isort: split
 import json
 import os
 import random
@@ -87,9 +90,6 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
-
-# isort: split
 import bins
 import tasks
 from data.dataset import training_row

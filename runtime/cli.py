@@ -19,32 +19,34 @@ would otherwise run silently at CPU scale on a GPU machine. A command imports th
 its others: a Ctrl-C while they load (torch takes seconds) is then one line, as a Ctrl-C in its
 main() is, not a traceback of whichever import it fell in.
 """
-import argparse
-import atexit
-import dataclasses
-import os
 import sys
-import threading
-import time
-import types
-import typing
-from pathlib import Path
-
-NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")  # present where the NVIDIA kernel driver is loaded
-# torch 2.13's Linux wheel on PyPI is built for CUDA 13.0, which needs a 580-series driver or newer
-CUDA_DRIVER_NEEDED = {"13": 580, "12": 525}
 
 
 def _interrupted_while_loading(kind, value, traceback):
     """sys.excepthook: a Ctrl-C that no main() caught (it came while the command's modules loaded)
     is one line; Python then ends the process as interrupted (SIGINT). Anything else is Python's."""
     if issubclass(kind, KeyboardInterrupt):
-        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: interrupted", file=sys.stderr)
     else:
         sys.__excepthook__(kind, value, traceback)
 
 
-sys.excepthook = _interrupted_while_loading
+sys.excepthook = _interrupted_while_loading  # first of all: a Ctrl-C may come during the imports below
+
+import argparse  # noqa: E402
+import atexit  # noqa: E402
+import dataclasses  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+import typing  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")  # present where the NVIDIA kernel driver is loaded
+# torch 2.13's Linux wheel on PyPI is built for CUDA 13.0, which needs a 580-series driver or newer
+CUDA_DRIVER_NEEDED = {"13": 580, "12": 525}
+
 
 
 def flag(default, help, *, choices=None, required=False, metavar=None, positional=False, group=None, **meta):
