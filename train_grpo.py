@@ -79,6 +79,9 @@ GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpoint
 CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out runs/x --embedded \\
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
+from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
+
+# isort: split
 import contextlib
 import json
 import math
@@ -100,7 +103,6 @@ from models import lm, lm_memory
 from models.forecaster_backends import OpenAIServerBackend, ServerError
 from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, no_grad, prompt_kv
 from paper_protocol import PROTOCOLS
-from runtime import cli
 from runtime.cli import flag
 from runtime.grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from runtime.grpo_ddp import average_gradients, balance_micro_batches, filler_mask, my_share, step_record, sync_context
