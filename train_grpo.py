@@ -619,7 +619,7 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress
                                             acc.num_processes, len(eval_rows))
         acc.print(words, file=sys.stderr)
     bar = cli.Progress("GRPO", args.steps, "steps", initial=start, expected_s=expected,
-                       enabled=progress and acc.is_main_process)
+                       enabled=progress and acc.is_main_process, pace_from_start=True)  # the model is loaded
     for step in range(start, args.steps):
         t0 = time.perf_counter()  # plumbing (logging)
         if device.type == "cuda":  # plumbing (logging)

@@ -168,19 +168,22 @@ class Progress:
         GRPO: 3 of 20 steps, 2.1 min in, about 11 min left; reward 0.812, 2/2 groups kept
 
     The time left is reckoned at the pace of the units done since the first of this run (the first
-    carries the start-up: loading, warming up), before that from the start-up estimate (`expected_s`)
-    less the time spent. `words` (set_words) are the latest figures
+    carries the start-up: loading, warming up; pace_from_start where it does not), before that from
+    the start-up estimate (`expected_s`) less the time spent. `words` (set_words) are the latest figures
     worth a glance; `count` a function that gives the units done, where other processes do the work
     (refresh reads it; the lines do before each). A run that printed a line prints a last one when
     it closes. enabled=False: neither bar nor lines (a worker process, --no-progress)."""
 
-    def __init__(self, what, total, unit, *, initial=0, expected_s=None, enabled=True, count=None):
+    def __init__(self, what, total, unit, *, initial=0, expected_s=None, enabled=True, count=None,
+                 pace_from_start=False):
         self.what, self.total, self.unit, self.expected_s = what, total, unit, expected_s
         self.count = count  # a function giving the units done, for work counted elsewhere (refresh)
         self.done = self._first = initial
-        self._since = None  # (time, units done) when the first unit of this run was done: the rate runs from there
-        self.words, self.lines = "", 0
         self._t0, self._lock, self._stop = time.monotonic(), threading.Lock(), threading.Event()
+        # (time, units done) the pace runs from: the first unit's end, or the start where no loading
+        # or warming up falls in the first unit (pace_from_start)
+        self._since = (self._t0, initial) if pace_from_start else None
+        self.words, self.lines = "", 0
         self.bar = self._thread = None
         if enabled and progress_bars():
             from tqdm import tqdm

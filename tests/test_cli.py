@@ -118,6 +118,11 @@ def test_progress_counts_work_done_elsewhere_and_leaves_instant_units_out_of_the
     done[0] = 4
     progress.refresh()
     assert progress.done == 4
+    warm = cli.Progress("GRPO", 10, "steps", expected_s=3600, pace_from_start=True)  # nothing loads in step 1
+    time.sleep(0.2)
+    warm.update()
+    assert "start-up" not in warm.line() and "left" in warm.line()
+    warm.close()
     replayed = cli.Progress("search", 10, "measurements", expected_s=30)
     replayed.update(5, instant=True)  # answered from the log: no time, no pace
     assert "(the start-up estimate)" in replayed.line() and replayed.line().startswith("search: 5 of 10")
