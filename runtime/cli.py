@@ -183,6 +183,7 @@ class Progress:
         # (time, units done) the pace runs from: the first unit's end, or the start where no loading
         # or warming up falls in the first unit (pace_from_start)
         self._since = (self._t0, initial) if pace_from_start else None
+        self._last = self._t0  # when the latest unit was done
         self.words, self.lines = "", 0
         self.bar = self._thread = None
         if enabled and progress_bars():
@@ -198,8 +199,10 @@ class Progress:
         with self._lock:  # measurements are counted from the threads that bring them
             self.done += n
             self._first += n if instant else 0
+            if not instant:
+                self._last = time.monotonic()
             if self._since is None and self.done > self._first:  # the start-up is behind: the pace from here
-                self._since = (time.monotonic(), self.done)
+                self._since = (self._last, self.done)
             if self.bar is not None:
                 self.bar.update(n)
 
@@ -221,8 +224,11 @@ class Progress:
         since, at = self._since or (now, self.done)
         if self.done >= self.total:
             left = "finishing"
-        elif self.done > at:  # the units done since the first, at their own pace
-            left = f"about {duration((now - since) / (self.done - at) * (self.total - self.done))} left"
+        elif self.done > at:  # the units done since the first, at their own pace, less the current one's time so far
+            pace = (self._last - since) / (self.done - at)
+            left = pace * (self.total - self.done) - (now - self._last)
+            left = (f"about {duration(left)} left" if left > 0 else
+                    f"slower than the {duration(pace)} a {self.unit.rstrip('s')} so far")
         elif self.done > self._first and self.expected_s is None:  # one unit so far, with the start-up in it
             left = f"about {duration(spent / (self.done - self._first) * (self.total - self.done))} left"
         elif self.expected_s is not None and spent < self.expected_s:
