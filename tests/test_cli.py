@@ -1,4 +1,5 @@
-"""cli.py: a command line refuses an NVIDIA machine whose driver torch cannot use."""
+"""cli.py: a command line refuses an NVIDIA machine whose driver torch cannot use; a long command
+says where it is off a terminal (Progress); an interrupted one exits 130, never 134."""
 import dataclasses
 import os
 import re
