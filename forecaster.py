@@ -215,17 +215,15 @@ def run_eval(forecaster, rows_path, out_path, *, repeats=1, batch_size=8, progre
     """Forecast every row `repeats` times into a Prediction-row JSONL file, appending one line per
     row (flushed), skipping (id, repeat) pairs already written: an interrupted run resumes. Each row
     is shown the hardware it was measured on (its `hardware` field; forecaster.hardware for a row
-    that names none). Discovery pairs are rows too: the child is forecast against its parent."""
-    from tqdm import tqdm
-
+    that names none). Discovery pairs are rows too: the child is forecast against its parent. The
+    progress: a bar on a terminal, a line a minute elsewhere (cli.Progress)."""
     from tasks import TASK_NAMES
     rows = load_rows(rows_path, tasks=TASK_NAMES)
     done = written_predictions(out_path)
     todo = [(r, k) for k in range(repeats) for r in rows if (r["row_id"], k) not in done]
     # a task's rows together: a batch then shares one prompt prefix (forecast_pairs groups by it)
     todo.sort(key=lambda rk: (rk[1], rk[0]["pack"], rk[0]["anchor_code"]))
-    with open(out_path, "a") as out, tqdm(total=len(todo), disable=not (progress and cli.progress_bars()),
-                                          desc="forecast", unit="row") as bar:
+    with open(out_path, "a") as out, cli.Progress("forecast", len(todo), "rows", enabled=progress) as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
             for k in sorted({k for _, k in chunk}):

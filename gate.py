@@ -47,6 +47,11 @@ RANK_KEYS = ("expected_bin", "expected_log_speedup")
 
 # ---- 1, 2. trust or defer, with a fixed or a learnt threshold -------------------------------------
 
+# The learnt threshold's guarantee unless asked otherwise, the defaults of search.py's --target-risk
+# and --delta as well: a bin-mismatch rate of trusted forecasts at most 0.3, with probability 0.9.
+TARGET_RISK, DELTA = 0.3, 0.1
+
+
 @dataclass
 class Gate:
     """Trust a forecast whose confidence score reaches the threshold; defer the rest (every parse
@@ -64,9 +69,10 @@ class Gate:
         return "trust" if forecast.confidence(self.score) >= self.threshold else "defer"
 
     @classmethod
-    def from_labelled(cls, forecasts, true_bins, target_risk=0.1, delta=0.05, score="maxprob"):
+    def from_labelled(cls, forecasts, true_bins, target_risk=TARGET_RISK, delta=DELTA, score="maxprob"):
         """The threshold that keeps the bin-mismatch rate of trusted forecasts below target_risk
-        with probability 1 - delta (SGR, Geifman & El-Yaniv 2017), from labelled forecasts.
+        with probability 1 - delta (SGR, Geifman & El-Yaniv 2017), from labelled forecasts; the
+        defaults are search.py's --target-risk and --delta.
         Parse failures are always deferred (confidence None) but count in the coverage. When no
         threshold meets the target the gate defers everything (threshold inf)."""
         conf = [f.confidence(score) for f in forecasts]

@@ -37,8 +37,8 @@ the curve.
 
 How the page is built (write_report): one HTML file that opens from disk, offline. Plotly's
 JavaScript, from the plotly wheel, is inlined; the charts are plotly figures built here; the page's
-own code (PAGE_JS, at the end of this file) draws them for the run picked, lists a node on click
-and writes the tables. The data travel gzip-compressed and base64-encoded inside the page (a
+own code (report_page/page.js, inlined with its frame page.html and its style page.css) draws them
+for the run picked, lists a node on click and writes the tables. The data travel gzip-compressed and base64-encoded inside the page (a
 320-measurement search holds a few MB of kernel code; scripts/bench_report.py measures the page).
 A candidate's text can never become markup or script: the data cannot close their element
 (base64), the page code only ever sets textContent, control characters are shown escaped (\\x1b),
@@ -51,6 +51,7 @@ import hashlib
 import html
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ from selective import ece, reliability, risk_upper_bound
 # them: ~1,900 characters each, the page then ~9 MB); the log keeps every text whole.
 TEXT_CAP, MIN_TEXT_CAP, TEXT_BUDGET = 6000, 1000, 5_000_000
 LEVEL = 0.95           # of the miss rate's interval
+PAGE = Path(__file__).resolve().parent / "report_page"  # the page's frame, style and code
 SPEEDUP_CLIP = 3.0     # the tree's colours saturate at 2^-3 = 0.125x and 2^3 = 8x
 
 
@@ -416,10 +418,9 @@ def _against_parents(nodes):
         p = nodes.get(n["parent"]) if n["parent"] else None
         pm = p["measurement"] if p else None
         parent_ok = pm is not None and pm["ok"]
-        if n["id"] == "seed":
-            n["gain"] = gain(m["speedup"], m["noise"]) if m and m["ok"] else None
-        else:
-            n["gain"] = gain(m["speedup"], m["noise"], pm["speedup"], pm["noise"]) if m and m["ok"] and parent_ok else None
+        if n["id"] == "seed":  # against 1.0, the reference's own speedup
+            pm, parent_ok = {"speedup": 1.0, "noise": 0.0}, True
+        n["gain"] = gain(m["speedup"], m["noise"], pm["speedup"], pm["noise"]) if m and m["ok"] and parent_ok else None
         n["audit_gain"] = gain(a["speedup"], a["noise"], pm["speedup"], pm["noise"]) if a and a["ok"] and parent_ok else None
         done = m if m and m["ok"] else a if a and a["ok"] else None
         n["measured_bin"] = bins.speedup_to_bin(done["speedup"]) if done else None
@@ -689,7 +690,8 @@ def _ledger(cfg, log, nodes, mutations, view):
     mut_out = sum((n["mutation"] or {}).get("tokens_out") or 0 for n in kids)
     fc_in = sum(f["tokens_in"] or 0 for f in forecasts)
     fc_out = sum(f["tokens_out"] or 0 for f in forecasts)
-    llm_mutator = str(cfg.get("mutator", "")).startswith("llm") or any(m["prompt"] for m in mutations.values())
+    llm_mutator = (str(cfg.get("mutator", "")).startswith("llm") or cfg.get("mutator") == "embedded"  # SmolLM2's
+                   or any(m["prompt"] for m in mutations.values()))
     device = next((m for m in all_m if m.get("device")), {})
     cpu = (device.get("device") == "cpu" or cfg.get("scale") == "cpu")
     best = next((n for n in nodes.values() if n["id"] == view["best"]), None)
@@ -702,6 +704,15 @@ def _ledger(cfg, log, nodes, mutations, view):
         return ", ".join(f"{v} {k}" for k, v in sorted(d.items())) if d else "none"
 
     speedups = [m["speedup"] if m["ok"] else None for m in results]
+    if fc_in or fc_out:
+        logits = all(f["readout"] == "logits" for f in forecasts)
+        forecaster_tokens = f"{fc_in:,} / {fc_out:,}" + (" (the logits read-out writes no answer)" if logits else "")
+    elif not _is_gated(cfg):
+        forecaster_tokens = "none (no gate)"
+    elif str(cfg.get("forecaster", "")).startswith("costmodel"):
+        forecaster_tokens = "none: the cost model is no language model"
+    else:
+        forecaster_tokens = "none recorded in this log" if forecasts else "no forecast logged yet"
     rows = [
         ("run", view["name"]),
         ("state", view["state"]["text"]),
@@ -730,13 +741,13 @@ def _ledger(cfg, log, nodes, mutations, view):
         ("seconds mutating", f"{mut_seconds:.1f} s"),
         ("mutator tokens in / out", f"{mut_in:,} / {mut_out:,}" if llm_mutator
          else f"none: the {visible(cfg.get('mutator'))} mutator is no language model"),
-        ("forecaster tokens in / out", f"{fc_in:,} / {fc_out:,}" if forecasts else "none (no gate)"),
+        ("forecaster tokens in / out", forecaster_tokens),
         ("considered per measurement", f"{len(kids) / len(measured):.2f}" if measured else "-"),
         ("a measurement here", (f"{timed_s / timed:.1f} s on average, on {device.get('device') or 'an unrecorded device'}"
                                 if timed else "none timed yet")
          + (f" ({cached} more came from the measurement cache, in no time)" if cached else "")
          + (f"; timer: {device.get('timer')}" if device.get("timer") else "")),
-        ("log", f"{len(log['times'])} events over {_duration(max(times) - min(times)) if times else '0 s'} (first to last)"),
+        ("log", f"{len(log['times'])} events over {cli.duration(max(times) - min(times)) if times else '0 s'} (first to last)"),
     ]
     if cpu:
         rows.insert(2, ("times", "CPU times (Triton's interpreter, small shapes), not GPU times"))
@@ -786,23 +797,20 @@ def audit_summary(a):
             f"{est[2]:.1f}). A failed audit counts as no miss ({a['failed']} failed). By the gate's reason: {reasons}.")
 
 
-def _duration(s):
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
-
-
 # ---- 3. the figures (plotly) -------------------------------------------------------------------------
 
 NODE_KINDS = (  # (kind, legend, symbol): how the tree marks each kind of node
     ("seed", "seed", "square"),
     ("measured", "measured (colour: speedup)", "circle"),
-    ("noise", "measured, within the noise of its parent", "circle"),
+    ("noise", "measured, within the noise of its parent (a dot: no clear gain)", "circle-dot"),
     ("failed", "failed (incorrect, crashed, ...)", "x-thin-open"),
     ("skipped", "skipped: forecast only", "circle-open"),
     ("audited", "skipped, measured by an audit", "diamond-open"),
     ("forecast", "admitted on a forecast", "star-diamond-open"),
     ("flight", "measurement under way", "hourglass"),
 )
-COLORS = [[0.0, "#b2182b"], [0.35, "#ef8a62"], [0.5, "#d9d9d9"], [0.65, "#67a9cf"], [1.0, "#2166ac"]]
+# red slower, blue faster, and parity a yellow no one takes for the grey of a skipped child's ring
+COLORS = [[0.0, "#b2182b"], [0.35, "#ef8a62"], [0.5, "#f6e8a6"], [0.65, "#67a9cf"], [1.0, "#2166ac"]]
 
 
 def _node_kind(n):
@@ -906,11 +914,9 @@ def tree_figure(view):
         size = [min(30, 9 + 3 * math.sqrt(n["archive"]["visits"])) if n["archive"]["kept"]
                 else 8 if n["number"] else 7 for n in members]
         # one number where every node has the same (the many skipped ones): less for plotly to draw
-        marker = dict(symbol=symbol, size=size if len(set(size)) > 1 else size[0], line=dict(width=1, color="#555555"))
+        marker = dict(symbol=symbol, size=size if len(set(size)) > 1 else size[0], line=dict(width=1, color="#333333"))
         if kind in ("measured", "noise", "seed", "audited", "forecast"):
             marker.update(color=color, coloraxis="coloraxis")
-            if kind == "noise":
-                marker["opacity"] = 0.45
             if kind in ("audited", "forecast"):
                 marker["line"] = dict(width=2)
         else:
@@ -1074,21 +1080,24 @@ def write_report(runs, path):
 
 
 def render_page(data, title):
-    """The HTML of the page: plotly.js and the page's code inline, the data gzip-compressed and
-    base64-encoded (no text in it can end its element), a Content-Security-Policy that runs only
-    these two scripts, by their hashes, and forbids fetching anything."""
+    """The HTML of the page: its frame (report_page/page.html) with its style, plotly.js and its
+    code (page.css, page.js) inline, the data gzip-compressed and base64-encoded (no text in it can
+    end its element), a Content-Security-Policy that runs only these two scripts, by their hashes,
+    and forbids fetching anything."""
     from plotly.offline import get_plotlyjs
-    plotly_js = get_plotlyjs()
-    for name, script in (("plotly.js", plotly_js), ("the page's code", PAGE_JS)):
+    plotly_js, page_js = get_plotlyjs(), (PAGE / "page.js").read_text()
+    for name, script in (("plotly.js", plotly_js), ("report_page/page.js", page_js)):
         if "</script" in script.lower():
             raise ReportError(f"{name} holds '</script': it cannot be inlined")
     blob = base64.b64encode(gzip.compress(json.dumps(_json_safe(data), allow_nan=False).encode(), 9, mtime=0))
     hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'"
-                      for s in (plotly_js, PAGE_JS))
+                      for s in (plotly_js, page_js))
     csp = (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data: blob:; "
            "font-src data:; base-uri 'none'; form-action 'none'")
-    return PAGE_HTML.format(title=html.escape(title), csp=csp, css=PAGE_CSS, plotly_js=plotly_js,
-                            data=blob.decode(), page_js=PAGE_JS)
+    parts = {"title": html.escape(title), "csp": csp, "css": (PAGE / "page.css").read_text(), "plotly_js": plotly_js,
+             "data": blob.decode(), "page_js": page_js}
+    # one pass: a part's own text (the scripts) is never searched for markers
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m[1]], (PAGE / "page.html").read_text())
 
 
 def _json_safe(x):
@@ -1131,459 +1140,6 @@ def main(argv=None):
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(runs)} run{'s' if len(runs) > 1 else ''}): "
           "open it in a browser")
     return 0
-
-
-# ---- the page's own code: its frame, its style, and the script that draws the data -------------------------
-# What follows is HTML, CSS and JavaScript. The script decodes the data, writes the tables and the
-# node panel with textContent only (never innerHTML: a candidate's text stays text) and hands the
-# figures built above to Plotly.
-
-PAGE_HTML = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{css}</style>
-</head>
-<body>
-<header>
-<h1>{title}</h1>
-<p id="status" class="status">Drawing the page ...</p>
-<ul id="notes" class="notes"></ul>
-<noscript><p class="status">This page draws its charts with JavaScript: allow it for this file.</p></noscript>
-</header>
-<main>
-<section>
-<h2>The search</h2>
-<div class="two">
-<div><h3>The ledger</h3><div id="ledger"></div></div>
-<div><h3>Best speedup against measurements <span class="sub">(the paper's Figure 4)</span></h3>
-<div id="curve" class="chart"></div>
-<p class="hint">Each dot is a new best kernel, its bar two standard errors of its measurement; a hollow
-dot's gain over its parent is within the noise. Click one to see its node.</p>
-<h3>What the gate skipped: the audit</h3>
-<div id="audit"></div></div>
-</div>
-</section>
-<section>
-<h2>The tree <select id="run-picker" hidden></select></h2>
-<p class="hint">Every child the search considered, under its parent, a generation a column. Filled: measured,
-coloured by speedup (faded: within the noise of its parent); hollow: skipped by the gate, known only by its
-forecast; a diamond: skipped but measured by an audit; a cross: failed. Kernels in the archive (those PUCT may
-expand) grow with their visits; the gold line leads to the best kernel. Drag to pan, scroll to zoom, click a
-node.</p>
-<p class="finder"><label>Go to node <input id="find" list="node-ids" size="14" autocomplete="off"></label>
-<datalist id="node-ids"></datalist> <button id="go-best" type="button">best</button>
-<button id="go-seed" type="button">seed</button></p>
-<div class="tree-and-node">
-<div id="tree" class="chart"></div>
-<aside id="node"><p class="hint">Click a node of the tree.</p></aside>
-</div>
-</section>
-<section>
-<h2>The gate</h2>
-<p id="gate-words" class="hint"></p>
-<div class="three">
-<div><h3>Threshold, coverage and bin mismatch</h3><div id="gate" class="chart"></div></div>
-<div><h3>Forecast bin against measured bin</h3><div id="confusion" class="chart"></div></div>
-<div><h3>Reliability of the search's forecasts</h3><div id="reliability" class="chart"></div></div>
-</div>
-</section>
-</main>
-<script>{plotly_js}</script>
-<script type="application/octet-stream" id="report-data">{data}</script>
-<script>{page_js}</script>
-</body>
-</html>
-"""
-
-PAGE_CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #fafafa; }
-header, main { max-width: 1500px; margin: 0 auto; padding: 0 18px; }
-header { padding-top: 12px; }
-h1 { font-size: 20px; margin: 6px 0; }
-h2 { font-size: 17px; margin: 18px 0 6px; border-bottom: 1px solid #ddd; padding-bottom: 3px; }
-h3 { font-size: 14px; margin: 10px 0 4px; }
-section { background: white; border: 1px solid #e3e3e3; border-radius: 6px; padding: 4px 14px 12px; margin: 12px 0; }
-.sub { color: #777; font-weight: normal; font-size: 12px; }
-.hint { color: #666; font-size: 12.5px; margin: 4px 0; }
-.status { font-weight: 600; margin: 4px 0; }
-.status.bad { color: #a40000; }
-.notes { margin: 2px 0 6px; padding-left: 20px; color: #8a4b00; }
-.two { display: grid; grid-template-columns: minmax(380px, 1fr) minmax(420px, 1.2fr); gap: 18px; }
-.three { display: grid; grid-template-columns: 1.3fr 1fr 1fr; gap: 14px; }
-.tree-and-node { display: grid; grid-template-columns: minmax(420px, 1.25fr) minmax(380px, 1fr); gap: 14px; align-items: start; }
-#node { position: sticky; top: 6px; max-height: calc(100vh - 12px); overflow: auto; border-left: 3px solid #e6a100;
-        padding: 0 10px 10px; background: #fffdf7; }
-#node h3.node-title { font-size: 17px; margin: 8px 0 2px; }
-#node h4 { margin: 12px 0 3px; font-size: 13.5px; border-bottom: 1px solid #eee; }
-table.ledger { border-collapse: collapse; width: 100%; font-size: 13px; }
-table.ledger th, table.ledger td { text-align: left; vertical-align: top; padding: 2px 6px; border-bottom: 1px solid #f0f0f0; }
-table.ledger th { color: #555; font-weight: 600; white-space: nowrap; }
-table.cases { border-collapse: collapse; font-size: 12px; margin: 4px 0; }
-table.cases td, table.cases th { padding: 1px 6px; border-bottom: 1px solid #eee; text-align: right; }
-table.cases td:first-child, table.cases th:first-child { text-align: left; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 1px 10px; margin: 6px 0; font-size: 13px; }
-dl.facts dt { color: #666; }
-dl.facts dd { margin: 0; }
-pre { background: #f6f8fa; border: 1px solid #e5e5e5; padding: 6px 8px; overflow: auto; max-height: 480px;
-      font: 12px/1.35 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; white-space: pre; margin: 4px 0; }
-pre.diff .add { background: #e6ffec; display: block; }
-pre.diff .del { background: #ffebe9; display: block; }
-pre.diff .hunk { color: #6f42c1; display: block; }
-details { margin: 4px 0; }
-summary { cursor: pointer; color: #333; font-weight: 600; font-size: 13px; }
-.tag { display: inline-block; padding: 0 6px; border-radius: 9px; font-size: 12px; background: #eee; margin-right: 4px; }
-.tag.good { background: #dbeafe; } .tag.bad { background: #fde2e1; } .tag.noise { background: #f1f1f1; color: #666; }
-.tag.skip { background: #f3f3f3; border: 1px dashed #aaa; }
-a.node-link { color: #0b5cad; cursor: pointer; text-decoration: none; font-family: ui-monospace, monospace; }
-a.node-link:hover { text-decoration: underline; }
-.chart { min-height: 120px; }
-.none { color: #888; font-style: italic; }
-.finder { margin: 2px 0 6px; font-size: 13px; }
-@media (max-width: 1100px) { .two, .three, .tree-and-node { grid-template-columns: 1fr; } #node { position: static; max-height: none; } }
-"""
-
-PAGE_JS = r"""
-"use strict";
-(function () {
-  const $ = (id) => document.getElementById(id);
-  // Elements are built with text nodes only: a string from the data never becomes markup.
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") e.className = v; else e.setAttribute(k, v);
-    }
-    for (const k of kids) {
-      if (k === null || k === undefined || k === false) continue;
-      e.append(k instanceof Node ? k : document.createTextNode(String(k)));
-    }
-    return e;
-  }
-  const num = (x, d = 3) => (x === null || x === undefined ? "-" : Number(x).toFixed(d));
-  const noise = (s) => (s === null || s === undefined ? "" : " \u00b1" + (200 * s).toFixed(1) + "%");
-  const PLOT = { displaylogo: false, responsive: true, displayModeBar: "hover" };
-  let D = null, run = 0, byId = new Map(), where = new Map();
-
-  async function load() {
-    const text = $("report-data").textContent.trim();
-    const bin = atob(text), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    return JSON.parse(await new Response(stream).text());
-  }
-
-  function plot(id, fig, config) {
-    const div = $(id);
-    if (!fig) {
-      Plotly.purge(div);
-      div.replaceChildren(el("p", { class: "none" }, "nothing to draw for this run"));
-      return null;
-    }
-    if (!div.data) div.replaceChildren();
-    Plotly.react(div, fig.data, fig.layout, Object.assign({}, PLOT, config || {}));
-    return div;
-  }
-
-  // The charts below the first screen are drawn as they come into view: the page is ready sooner.
-  const pending = new Map();
-  const watcher = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
-    for (const e of entries) {
-      if (e.isIntersecting && pending.has(e.target.id)) {
-        plot(e.target.id, pending.get(e.target.id));
-        pending.delete(e.target.id);
-        watcher.unobserve(e.target);
-        document.body.dataset.pending = String(pending.size);
-      }
-    }
-  }, { rootMargin: "300px" }) : null;
-  function later(id, fig) {
-    if (!watcher) { plot(id, fig); return; }
-    pending.set(id, fig);
-    document.body.dataset.pending = String(pending.size);
-    watcher.unobserve($(id));
-    watcher.observe($(id));
-  }
-
-  function link(id, k) {  // a node of run k (default: the run shown)
-    const where = k === undefined ? run : k;
-    const a = el("a", { class: "node-link", href: "#run=" + where + "&node=" + encodeURIComponent(id) }, id);
-    a.addEventListener("click", (ev) => {
-      ev.preventDefault();
-      if (where === run) showNode(id); else showRun(where, id);
-    });
-    return a;
-  }
-
-  function header() {
-    const notes = $("notes");
-    const complete = D.runs.every((r) => r.state.complete);
-    $("status").textContent = D.runs.map((r) => (D.runs.length > 1 ? r.name + ": " : "") + r.state.text).join(" | ");
-    if (!complete) $("status").classList.add("bad");
-    for (const r of D.runs) {
-      for (const t of r.state.notes.concat(r.notes)) notes.append(el("li", {}, (D.runs.length > 1 ? r.name + ": " : "") + t));
-    }
-    const cpu = D.runs.filter((r) => r.ledger.cpu).map((r) => r.name);
-    if (cpu.length) notes.append(el("li", {}, (D.runs.length > 1 && cpu.length < D.runs.length ? cpu.join(", ") + ": " : "") +
-      "measured on CPU: the times are CPU times of Triton kernels run by its interpreter on small shapes; they exercise " +
-      "the machinery and say nothing about a GPU's speed"));
-  }
-
-  function ledger() {
-    const labels = [];
-    for (const r of D.runs) for (const [k] of r.ledger.rows) if (!labels.includes(k)) labels.push(k);
-    const table = el("table", { class: "ledger" });
-    for (const label of labels) {
-      const tr = el("tr", {}, el("th", {}, label));
-      for (const r of D.runs) {
-        const row = r.ledger.rows.find(([k]) => k === label);
-        tr.append(el("td", {}, row ? row[1] : ""));
-      }
-      table.append(tr);
-    }
-    $("ledger").replaceChildren(table);
-  }
-
-  function showRun(k, nodeId) {
-    run = k;
-    const r = D.runs[k];
-    byId = new Map(r.nodes.map((n) => [n.id, n]));
-    $("run-picker").value = String(k);
-    performance.mark("report:curve");
-    const tree = plot("tree", r.figures.tree, { scrollZoom: true });
-    performance.mark("report:tree");
-    where = new Map();  // node id -> its place in the tree, to ring the node shown
-    for (const t of r.figures.tree ? r.figures.tree.data : []) {
-      if (t.mode === "markers" && t.customdata) t.customdata.forEach((id, i) => where.set(id, [t.x[i], t.y[i]]));
-    }
-    if (tree && !tree.dataset.wired) {
-      tree.dataset.wired = "1";
-      tree.on("plotly_click", (ev) => { const p = ev.points && ev.points[0]; if (p && p.customdata) showNode(p.customdata); });
-    }
-    for (const id of ["gate", "confusion", "reliability"]) later(id, r.figures[id]);
-    $("gate-words").textContent = r.ledger.rows.find(([k]) => k === "gate")[1] +
-      (r.calibration ? ". " + r.calibration.n + " measured children with a parsed forecast: accuracy " +
-        (r.calibration.accuracy === null ? "-" : (100 * r.calibration.accuracy).toFixed(0) + "%") +
-        (r.calibration.ece === null ? "" : ", ECE " + num(r.calibration.ece)) : "");
-    const ids = $("node-ids");
-    ids.replaceChildren(...r.nodes.map((n) => el("option", { value: n.id })));
-    showNode(nodeId && byId.has(nodeId) ? nodeId : r.best || "seed");
-  }
-
-  function section(box, title, ...kids) { box.append(el("h4", {}, title), ...kids.filter((k) => k)); }
-
-  function measurementBlock(m, g, isSeed, what) {
-    if (!m) return [el("p", { class: "none" }, what)];
-    const out = [];
-    if (m.status === "forecast") {
-      return [el("p", {}, el("span", { class: "tag skip" }, "not measured"),
-        "admitted on its forecast: expected " + num(m.forecast_speedup) + "x")];
-    }
-    const head = el("p", {}, el("span", { class: "tag " + (m.ok ? "good" : "bad") }, m.status));
-    if (m.ok) {
-      head.append(num(m.speedup) + "x over the reference" + noise(m.noise) + " (two standard errors)");
-      if (g) {
-        head.append(el("br"), isSeed ? "against 1.0: " : num(g.ratio) + "x its parent: ",
-          el("span", { class: "tag " + (g.within_noise ? "noise" : g.ratio > 1 ? "good" : "bad") },
-            g.within_noise === null ? "noise not recorded" : g.within_noise ? "within the noise" :
-              g.ratio > 1 ? "faster beyond the noise" : "slower beyond the noise"));
-      }
-    }
-    out.push(head);
-    if (m.cases && m.cases.length) {
-      const t = el("table", { class: "cases" }, el("tr", {}, el("th", {}, "case"), el("th", {}, "reference ms"),
-        el("th", {}, "candidate ms"), el("th", {}, "speedup"), el("th", {}, "noise")));
-      for (const c of m.cases) {
-        t.append(el("tr", {}, el("td", {}, c.case), el("td", {}, num(c.reference_ms, 4)), el("td", {}, num(c.candidate_ms, 4)),
-          el("td", {}, c.speedup === null ? "-" : num(c.speedup) + "x"), el("td", {}, c.noise === null ? "-" : (100 * c.noise).toFixed(1) + "%")));
-        for (const f of c.flags) t.append(el("tr", {}, el("td", { colspan: "5" }, "flag: " + f)));
-      }
-      out.push(t);
-    }
-    for (const f of m.flags || []) out.push(el("p", { class: "hint" }, "flag: " + f));
-    if (m.message) out.push(el("pre", { class: "message" }, m.message));
-    out.push(el("p", { class: "hint" }, [m.seconds !== null && m.seconds !== undefined ? num(m.seconds, 1) + " s" : null,
-      m.worker ? "on " + m.worker : null, m.device ? m.device : null, m.cached ? "from the measurement cache" : null,
-      m.line ? "events.jsonl line " + m.line : null].filter((x) => x).join(", ")));
-    return out;
-  }
-
-  function forecastBlock(n) {
-    const f = n.forecast;
-    if (!f) return [el("p", { class: "none" }, n.id === "seed" ? "the seed is the anchor of every forecast" : "no forecast (no gate)")];
-    const out = [];
-    if (f.probs === null) {
-      out.push(el("p", {}, el("span", { class: "tag bad" }, f.deferred ? "deferred by the forecaster" : "did not parse"),
-        f.parse_error || f.reasoning || ""));
-    } else {
-      const b = D.bins[f.predicted_bin - 1];
-      const p = el("p", { id: "forecast-words" }, "forecast bin " + b.bin + " (" + b.name + ", " + b.label + "), confidence " +
-        num(f.confidence) + ", expected speedup ~" + num(f.expected_speedup, 2) + "x");
-      if (n.measured_bin) {
-        const off = Math.abs(n.measured_bin - f.predicted_bin);
-        p.append(el("br"), "measured bin " + n.measured_bin + (n.measurement && n.measurement.ok ? "" : " (by the audit)") + ": ",
-          el("span", { class: "tag " + (off === 0 ? "good" : off === 1 ? "noise" : "bad") },
-            off === 0 ? "the forecast bin" : off === 1 ? "one bin off" : off + " bins off"));
-      }
-      out.push(p);
-      const div = el("div", { id: "forecast-chart" });
-      out.push(div);
-      requestAnimationFrame(() => {
-        if (!div.isConnected) return;  // another node was shown meanwhile
-        const colors = f.probs.map((_, i) => (i + 1 === f.predicted_bin ? "#1f77b4" : "#9ecae1"));
-        const lines = f.probs.map((_, i) => (i + 1 === n.measured_bin ? 3 : 0));
-        Plotly.react(div, [{
-          type: "bar", x: D.bins.map((b) => b.bin + ": " + b.label), y: f.probs, marker: { color: colors, line: { color: "#e6a100", width: lines } },
-          hovertemplate: "%{x}<br>p = %{y:.3f}<extra></extra>",
-        }], {
-          height: 200, margin: { l: 40, r: 6, t: 6, b: 70 }, yaxis: { range: [0, 1.25], tickvals: [0, 0.25, 0.5, 0.75, 1], title: { text: "p" } },
-          xaxis: { tickangle: -40, tickfont: { size: 10 } }, plot_bgcolor: "white",
-          annotations: n.measured_bin ? [{ x: D.bins[n.measured_bin - 1].bin + ": " + D.bins[n.measured_bin - 1].label,
-            y: f.probs[n.measured_bin - 1], text: "measured", showarrow: true, arrowhead: 2, ay: -28, font: { size: 11 } }] : [],
-        }, { displaylogo: false, displayModeBar: false, responsive: true });
-      });
-    }
-    out.push(el("p", { class: "hint" }, [f.model ? "by " + f.model : null, f.readout ? f.readout + " read-out" : null,
-      f.tokens_in ? f.tokens_in + " tokens in, " + f.tokens_out + " out" : null].filter((x) => x).join(", ")));
-    return out;
-  }
-
-  // The diff against the parent, from difflib's opcodes over the two codes' lines: changed lines
-  // with three lines of context around them, long unchanged stretches folded.
-  function diffBlock(n) {
-    const pre = el("pre", { class: "diff", id: "node-diff" });
-    const old = byId.get(n.parent).code.split("\n"), now = n.code.split("\n");
-    const line = (cls, text) => pre.append(cls ? el("span", { class: cls }, text) : text + "\n");
-    if (n.diff.every(([tag]) => tag === "equal")) return el("p", { class: "none" }, "the same code as its parent");
-    n.diff.forEach(([tag, i1, i2, j1, j2], k) => {
-      if (tag === "equal") {
-        const head = k === 0 ? 0 : 3, tail = k === n.diff.length - 1 ? 0 : 3;
-        if (i2 - i1 <= head + tail + 1) { for (let i = i1; i < i2; i++) line(null, " " + old[i]); return; }
-        for (let i = i1; i < i1 + head; i++) line(null, " " + old[i]);
-        line("hunk", "@@ " + (i2 - i1 - head - tail) + " unchanged lines (" + (j1 + head + 1) + "-" + (j2 - tail) + ") @@");
-        for (let i = i2 - tail; i < i2; i++) line(null, " " + old[i]);
-        return;
-      }
-      for (let i = i1; i < i2; i++) line("del", "-" + old[i]);
-      for (let j = j1; j < j2; j++) line("add", "+" + now[j]);
-    });
-    return pre;
-  }
-
-  function collapsed(title, text, missing) {
-    return el("details", {}, el("summary", {}, title), text ? el("pre", {}, text) : el("p", { class: "none" }, missing));
-  }
-
-  function showNode(id) {
-    const r = D.runs[run], n = byId.get(id);
-    if (!n) return;
-    const box = $("node");
-    box.replaceChildren();
-    box.dataset.node = n.id;
-    box.append(el("h3", { class: "node-title", id: "node-title" }, n.id, " ",
-      el("span", { class: "sub" }, n.id === "seed" ? "the seed" : "step " + n.step + ", child " + n.index + " of " + n.call)));
-    const kids = r.nodes.filter((c) => c.parent === n.id);
-    const facts = el("dl", { class: "facts" });
-    const fact = (k, ...v) => facts.append(el("dt", {}, k), el("dd", {}, ...v));
-    fact("parent", n.parent ? link(n.parent) : "none: the root");
-    if (kids.length) {
-      const dd = [];
-      kids.forEach((c, i) => { if (i) dd.push(" "); dd.push(link(c.id)); });
-      fact("children", ...dd);
-    }
-    fact("archive", n.archive.kept ? "kept; " + n.archive.visits + " PUCT visits" +
-      (n.archive.score !== null ? ", score " + num(n.archive.score) + " at the end" : "") +
-      (n.archive.picked_at.length ? "; picked as a parent at step " + n.archive.picked_at.join(", ") : "")
-      : n.measurement && n.measurement.ok ? "not kept (a sibling was better: its parent keeps its best children)" : "not in the archive");
-    if (n.best_path) fact("best", n.id === r.best ? "the best kernel of the search" : "on the path to the best kernel");
-    box.append(facts);
-    section(box, "Measurement", ...measurementBlock(n.measurement, n.gain, n.id === "seed",
-      n.in_flight ? "sent, no result yet" : "not measured by the search"));
-    if (n.audit || n.audit_requested) {
-      section(box, "Audit (measured outside the budget; the search never saw it)",
-        ...measurementBlock(n.audit, n.audit_gain, false, "requested, no result yet"));
-    }
-    const fbox = el("div", { id: "node-forecast" }, ...forecastBlock(n));
-    section(box, "Forecast", fbox);
-    section(box, "Gate", el("p", { id: "node-gate" }, n.gate.text),
-      n.gate.threshold_note ? el("p", { class: "hint" }, "in force then: " + n.gate.threshold_note) : null);
-    if (n.id !== "seed") {
-      const mut = r.mutations[n.call] || {};
-      const how = Object.entries(n.mutation || {}).filter(([k]) => k !== "reply").map(([k, v]) => k + ": " + v).join("; ");
-      section(box, "Mutation", el("p", {}, "by " + (mut.mutator || "?") + (how ? " (" + how + ")" : "") +
-        (mut.failed && mut.failed.length ? "; " + mut.failed.length + " of this call's " + mut.proposed + " mutations failed" : "") +
-        (mut.duplicates ? "; " + mut.duplicates + " repeated earlier code" : "")),
-        el("details", { open: "" }, el("summary", {}, "diff against its parent"),
-          n.diff ? diffBlock(n) : el("p", { class: "none" }, "no diff (a parent's code is missing)")));
-    }
-    box.append(el("details", { open: "" }, el("summary", {}, "code"),
-      n.code === null ? el("p", { class: "none" }, "not in this run's files") : el("pre", { id: "node-code" }, n.code)));
-    if (n.id !== "seed") {
-      const mut = r.mutations[n.call] || {};
-      const catalog = mut.mutator === "catalog" ? "the catalog mutator is no language model" : "not recorded in this log";
-      section(box, "What the models said",
-        collapsed("the mutator's prompt", mut.prompt, catalog),
-        collapsed("the mutator's answer", n.reply, catalog),
-        collapsed("the forecaster's answer", n.forecast && (n.forecast.raw || n.forecast.reasoning),
-          !n.forecast ? "no forecast" : n.forecast.readout === "logits" ? "the logits read-out writes no answer: its " +
-            "probabilities are read from the next token" : "not recorded in this log"));
-    }
-    history.replaceState(null, "", "#run=" + run + "&node=" + encodeURIComponent(n.id));
-    const at = where.get(n.id);
-    if (at && $("tree").data) {
-      Plotly.relayout("tree", { shapes: [{ type: "circle", xref: "x", yref: "y", xsizemode: "pixel", ysizemode: "pixel",
-        xanchor: at[0], yanchor: at[1], x0: -13, x1: 13, y0: -13, y1: 13, line: { color: "#000000", width: 2 } }] });
-    }
-  }
-
-  function fromHash() {
-    const h = new URLSearchParams(location.hash.slice(1));
-    const k = Number(h.get("run") || 0);
-    return [k >= 0 && k < D.runs.length ? k : 0, h.get("node")];
-  }
-
-  async function main() {
-    D = await load();
-    performance.mark("report:data");
-    header();
-    ledger();
-    $("audit").replaceChildren(...D.runs.map((r, k) => {
-      const p = el("p", {}, D.runs.length > 1 ? el("b", {}, r.name + ": ") : null, r.audit_text);
-      if (r.audit.miss_nodes && r.audit.miss_nodes.length) {
-        p.append(" Faster than their parent: ");
-        r.audit.miss_nodes.forEach((id, i) => p.append(i ? ", " : "", link(id, k)));
-        p.append(".");
-      }
-      return p;
-    }));
-    const curve = plot("curve", D.curve);
-    if (curve) curve.on("plotly_click", (ev) => {
-      const p = ev.points && ev.points[0];
-      if (p && Array.isArray(p.customdata)) showRun(p.customdata[0], p.customdata[1]);
-    });
-    const picker = $("run-picker");
-    if (D.runs.length > 1) {
-      picker.hidden = false;
-      D.runs.forEach((r, k) => picker.append(el("option", { value: String(k) }, r.name + " (" + r.config.gate + " gate)")));
-      picker.addEventListener("change", () => showRun(Number(picker.value)));
-    }
-    $("find").addEventListener("change", (ev) => showNode(ev.target.value.trim()));
-    $("go-best").addEventListener("click", () => showNode(D.runs[run].best || "seed"));
-    $("go-seed").addEventListener("click", () => showNode("seed"));
-    const [k, nodeId] = fromHash();
-    showRun(k, nodeId);
-    document.body.dataset.ready = String(Math.round(performance.now()));
-  }
-
-  main().catch((e) => {
-    $("status").textContent = "This page could not be drawn: " + e;
-    $("status").classList.add("bad");
-    console.error(e);
-  });
-})();
-"""
 
 
 if __name__ == "__main__":

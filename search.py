@@ -77,6 +77,9 @@ Decisions this file documents:
     them. F is not part of the search's identity: it never changes what the search does.
 The options are one dataclass, Args, which is also the command line: `python search.py --help`.
 """
+from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
+
+# isort: split
 import json
 import os
 import random
@@ -87,22 +90,20 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
-
-# isort: split
 import bins
 import tasks
 from data.dataset import training_row
 from data.records import EventLog, RecordError, write_atomic
 from forecast_answer import Forecast
-from gate import GATES, RANK_KEYS, forecast_speedup, select
+from gate import DELTA, GATES, RANK_KEYS, TARGET_RISK, forecast_speedup, select
 from models.forecaster_backends import EMBEDDED_DTYPES, ServerError
 from models.lm import DEFAULT_MODEL
 from mutators import goal_reward
 from paper_protocol import PROTOCOLS
 from puct import Archive, Child
 from runtime.cli import flag
-from search_setup import CPU_BUDGET, CPU_GATED_MUTATIONS, EMBEDDED_MUTATIONS, PAPER_BUDGET, SetupError, plan_search
+from search_setup import (CPU_BUDGET, CPU_GATED_MUTATIONS, EMBEDDED_MUTATIONS, PAPER_BUDGET, SetupError,
+                          expected_duration, plan_search)
 from tasks import TASK_NAMES
 
 
@@ -145,8 +146,8 @@ class Args:
     threshold: float | None = flag(None, "fixed confidence threshold of the confidence gate; default: learnt "
                                      "from the measurements so far with selective.guaranteed_risk_threshold",
                                      logged=True)
-    target_risk: float = flag(0.3, "bin-mismatch rate the learnt threshold must guarantee", logged=True)
-    delta: float = flag(0.1, "failure probability of that guarantee", logged=True)
+    target_risk: float = flag(TARGET_RISK, "bin-mismatch rate the learnt threshold must guarantee", logged=True)
+    delta: float = flag(DELTA, "failure probability of that guarantee", logged=True)
     abstain: bool = flag(False, "the forecaster may defer a candidate to the GPU with a second tool (the "
                          "abstain variant; verbalized read-out); a deferral is measured", logged=True)
     forecast_reward: bool = flag(False, "with --gate confidence: a trusted forecast's expected speedup is the "
@@ -221,7 +222,8 @@ class Args:
     no_cache: bool = flag(False, "measure and forecast every kernel anew: neither read nor write the caches of "
                           "measurements and forecasts, which every run and checkout of this user shares (start-up "
                           "says where, and what they hold for this run)")
-    no_progress: bool = flag(False, "no progress bar")
+    no_progress: bool = flag(False, "no progress bar on a terminal, no progress lines elsewhere (by default a "
+                             "line a minute into a log or a pipe: measurements done, time spent and left)")
 
 
 def build_parser():
@@ -329,8 +331,10 @@ class Search:
     work and the learnt gate. A first read may skip both."""
 
     def __init__(self, args, out_dir, *, seed_code, mutator, pool, forecaster=None,
-                 forecaster_name="", measure_kwargs=None, llm_waits=False, online=False, progress=True, say=print):
+                 forecaster_name="", measure_kwargs=None, llm_waits=False, online=False, progress=True, say=print,
+                 expected_s=None):
         self.args, self.out = with_protocol_defaults(args), Path(out_dir)
+        self.expected_s = expected_s  # the start-up estimate of the run's seconds (search_setup.expected_duration)
         self.seed_code, self.mutator, self.pool = seed_code, mutator, pool
         self.forecaster, self.forecaster_name = forecaster, forecaster_name
         self.online = online  # the forecaster learns from this search's measurements (the cost model)
@@ -350,9 +354,9 @@ class Search:
         self._open_log()                                                    # plumbing: resume
         self.archive = Archive(c=a.c, capacity=a.capacity, keep_children=a.keep_children)
         self.stats, self.labels, self.rows, self.curve, self.in_flight = SearchStats(), [], [], [], []
-        self.audits = []  # measurements of skipped children (--audit): never read by the search
+        self.audits = []  # (measurement, parent's speedup) of skipped children (--audit): never read by the search
+        self.bar = _progress(a.budget, self.progress, self.expected_s, f"search ({a.gate} gate)")
         self._measure_seed()
-        self.bar = _progress(a.budget, self.progress)
         for step in range(a.steps):
             if self.stats.measurements >= a.budget:
                 break
@@ -384,9 +388,11 @@ class Search:
         return self.summary(t_start)
 
     def close(self):
-        """Close the event log: at the end of run(), and at a Ctrl-C, after which the measurements
-        in flight are not logged (their workers end with the process, and a `crashed` verdict
-        would be the interruption's, not the candidate's): a rerun sends them again."""
+        """Close the event log (and end the progress): at the end of run(), and at a Ctrl-C, after
+        which the measurements in flight are not logged (their workers end with the process, and a
+        `crashed` verdict would be the interruption's, not the candidate's): a rerun sends them again."""
+        if getattr(self, "bar", None) is not None:
+            self.bar.close()
         if getattr(self, "log", None) is not None:
             self.log.close()
 
@@ -468,12 +474,22 @@ class Search:
         results are never labels, training rows, archive nodes or points of the curve: the search
         decides as it would without them, and only the report reads them (the gate's miss rate)."""
         for cid, code in cands:
-            self.audits.append(self.logged("audit", cid, step, parent, self._send, code))
+            self.audits.append((self.logged("audit", cid, step, parent, self._send, code),
+                                parent.info["result"].get("speedup")))
 
     def wait_audits(self):
         """The audits sent so far have come back (and are logged)."""
-        for result in self.audits:
+        for result, _ in self.audits:
             result.result()
+
+    def audit_misses(self):
+        """How many audited children came back faster than their parent: the gate's misses, which
+        the report turns into a rate with its interval."""
+        misses = 0
+        for result, parent_speedup in self.audits:
+            m = result.result()["measurement"] if result.done() else {}
+            misses += bool(m.get("status") == "ok" and parent_speedup and (m.get("speedup") or 0) > parent_speedup)
+        return misses
 
     def forecast_children(self, trusted, cands, forecasts):
         """(--forecast-reward) The trusted children as archive children whose reward is their
@@ -494,10 +510,19 @@ class Search:
             cid, code = cands[j]
             replayed = ("measurement", cid) in self.log.results              # plumbing: resume
             result = self.logged("measurement", cid, step, parent, self._send, code)
-            result.add_done_callback(lambda _: self.bar.update(1))
+            result.add_done_callback(lambda done, r=replayed: self._counted(done, r))
             self.stats.measurements += 1
             forecast = forecasts[j] if forecasts else None
             self.in_flight.append(InFlight(result, cid, code, forecast, parent, self.stats.measurements, replayed))
+
+    def _counted(self, done, replayed):
+        """The progress counts a measurement come back; one from the log or the cache took no time
+        (not part of the rate the time left is reckoned at)."""
+        try:
+            instant = replayed or bool(done.result()["measurement"].get("cached"))
+        except Exception:  # noqa: BLE001 - collect() takes the result and reports it
+            instant = False
+        self.bar.update(1, instant=instant)
 
     def collect(self, children):
         """5. The results of the measurements in flight, taken in the order they were sent: the
@@ -608,7 +633,7 @@ class Search:
             "candidates_proposed": stats.proposed,
             "candidates_considered": stats.considered, "failed_mutations": stats.failed_mutations,
             "duplicates": stats.duplicates, "forecasts": stats.forecasts, "skipped": stats.skipped,
-            "audits": len(self.audits),
+            "audits": len(self.audits), "audit_misses": self.audit_misses(),
             "forecast_rewards": stats.forecast_rewards,
             "skipped_by_reason": stats.skipped_by_reason, "failed_measurements": stats.failed_measurements,
             "fast_1": bins.fast_p(stats.speedups, 1.0), "target_bin": self.args.target_bin,
@@ -669,10 +694,9 @@ def forecast_from_log(entry):
                     predicted_bin=None if probs is None else bins.predicted_bin(probs))
 
 
-def _progress(total, enabled):
-    from tqdm import tqdm
-    return tqdm(total=total, desc="measurements", unit="kernel", disable=not (enabled and cli.progress_bars()),
-                file=sys.stderr)
+def _progress(total, enabled, expected_s=None, what="search"):
+    """The measurements' progress: a bar on a terminal, a line a minute elsewhere (cli.Progress)."""
+    return cli.Progress(what, total, "measurements", expected_s=expected_s, enabled=enabled)
 
 
 # ---- the command line -------------------------------------------------------------------------
@@ -686,11 +710,13 @@ def run_one(args, gate, out, plan, say=print):
     say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
         f"{args.parents} parents a step, {args.keep_children} children kept per parent; it ends when its "
         f"{args.budget} measurements are spent, or after {args.steps} steps -> {out}")
+    expected_s, words = expected_duration(args, plan)
+    say(words)
     search = Search(args, out, seed_code=tasks.seed_source(args.task), mutator=plan.mutator,
                     pool=plan.pool, forecaster=plan.forecaster,
                     forecaster_name=plan.forecaster_name if gate != "none" else "",
                     measure_kwargs=plan.measure_kwargs, llm_waits=plan.llm_waits, online=plan.online and gate != "none",
-                    progress=not args.no_progress, say=say)
+                    progress=not args.no_progress, say=say, expected_s=expected_s)
     try:
         summary = search.run()
     except KeyboardInterrupt:
@@ -732,6 +758,10 @@ def _report(s):
         now = total - s.get("from_log", 0) - s.get("from_cache", 0)
         lines.append(f"{total} measurements (the seed's included): " + ", ".join(filter(None, sources))
                      + f", {now} measured now")
+    if s.get("audits"):
+        lines.append(f"{s['audits']} skipped children audited (measured outside the budget, never learnt from): "
+                     f"{s['audit_misses']} faster than their parent, the gate's misses; report.html gives the miss "
+                     "rate with its interval")
     if s["measurements"] < s["budget"] and s["steps"] >= s["max_steps"]:
         lines.append(f"{s['budget'] - s['measurements']} of the budget's {s['budget']} measurements unused after the "
                      f"{s['steps']} steps of --steps: the mutator proposed too few new candidates (or the gate "
@@ -788,4 +818,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:  # interrupted: measurements may still be in flight in the pool's threads
+        cli.exit_interrupted(code)
+    sys.exit(code)

@@ -23,6 +23,9 @@ start-up what it picked and why, so a plain `python search.py --task cross_entro
 - describe_cache: what the cache, shared by every checkout and run of this user, holds for this
   run (measured kernels of the task, the seed's among them; the embedded model's conversion), and
   where, so that a run that takes seconds in one checkout and minutes in another is explained;
+- expected_duration: how long the search should take here, from what it is about to do (its
+  measurements, forecasts and mutations) and what each cost on this machine before (the cache
+  keeps every measurement's and forecast's seconds), said at start-up;
 - choose_pool: the GPU's memory: a local LLM and the measure workers (a reference and a
   candidate, each holding a block of the task's inputs) share it; if they cannot fit, say so at
   start-up with what to change; then the measure workers, and whether the LLM waits for them.
@@ -30,6 +33,7 @@ Models are named and checked here but built on first use (LazyBackend, LazyForec
 builds): a resumed run whose requests are all answered from its event log builds none.
 """
 import functools
+import os
 from dataclasses import dataclass
 
 from forecast_prompt import hardware_info
@@ -39,6 +43,7 @@ from models.costmodel import CostModelForecaster
 from models.lm import DEFAULT_MODEL, ModelNotFound, embedded_available
 from mutators import CatalogMutator, LLMMutator, tunables
 from paper_protocol import PROTOCOLS
+from runtime.cli import duration
 
 CPU_BUDGET, PAPER_BUDGET = 8, 320
 CPU_GATED_MUTATIONS = 6  # the embedded forecaster takes seconds per candidate on a CPU
@@ -67,6 +72,7 @@ class Plan:
     llm_waits: bool = False  # a local LLM shares a GPU with the measurements: no overlap
     online: bool = False     # the forecaster learns from the search's measurements (the cost model)
     mutations: int | None = None  # mutations per parent whatever the gate, where the mutator sets it
+    costs: dict = None       # seconds a measurement and a forecast took here before (describe_cache)
 
 
 # ---- models built on their first use --------------------------------------------------------------
@@ -119,7 +125,7 @@ def plan_search(args, say=print):
     forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say)
     budget, gated_mutations = choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say)
     check_sandbox(args, say)
-    describe_cache(args, scale, mutator_name == "embedded" or forecaster_name.startswith("embedded"), say)
+    costs = describe_cache(args, scale, mutator_name == "embedded" or forecaster_name.startswith("embedded"), say)
     pool, llm_waits = choose_pool(args, llm, scale, has_gpu, where, say)
     measure_kwargs = {"scale": scale, "unsafe_no_sandbox": args.unsafe_no_sandbox, "use_cache": not args.no_cache} | (
         {"timeout_s": args.timeout} if args.timeout else {})
@@ -127,7 +133,8 @@ def plan_search(args, say=print):
                 forecaster=forecaster, forecaster_name=forecaster_name,
                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
                 llm_waits=llm_waits, online=costmodel,
-                mutations=EMBEDDED_MUTATIONS if mutator_name == "embedded" and args.mutations is None else None)
+                mutations=EMBEDDED_MUTATIONS if mutator_name == "embedded" and args.mutations is None else None,
+                costs=costs)
 
 
 def choose_measurement(args, say):
@@ -322,7 +329,9 @@ def choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say):
     benchmark scale (or --protocol paper), smaller on a CPU, each unless given."""
     protocol = PROTOCOLS[args.protocol]
     gated_mutations = 16
-    if forecaster_name.startswith("embedded") and args.mutations is None and not protocol.paper_scale:
+    if mutator_name == "embedded" and args.mutations is None:
+        gated_mutations = EMBEDDED_MUTATIONS  # whatever the gate; the mutator's line said so
+    elif forecaster_name.startswith("embedded") and args.mutations is None and not protocol.paper_scale:
         gated_mutations = CPU_GATED_MUTATIONS
         say(f"mutations: {gated_mutations} per parent with a gate (the paper forecasts 16; pass "
             "--mutations 16 once a real forecaster is at hand)")
@@ -361,7 +370,7 @@ def describe_cache(args, scale, embedded, say):
     from models.lm import embedded_folder
     folder = measure.DEFAULT_CACHE_DIR
     task, seed_sha = tasks.resolve_task(args.task), hashlib.sha256(tasks.seed_source(args.task).encode()).hexdigest()
-    kernels, seed = set(), False
+    kernels, seed, seconds = set(), False, []
     for path in folder.glob("*.json") if folder.is_dir() else []:
         try:
             m = json.loads(path.read_text())
@@ -370,6 +379,8 @@ def describe_cache(args, scale, embedded, say):
         if m.get("task") == task and m.get("scale") == scale:
             kernels.add(m.get("source_sha256"))
             seed = seed or m.get("source_sha256") == seed_sha
+            if isinstance(m.get("wall_s"), (int, float)):
+                seconds.append(m["wall_s"])
     root = folder.parent
     label = tasks.task_label(args.task)
     if args.no_cache:
@@ -386,6 +397,95 @@ def describe_cache(args, scale, embedded, say):
         model = ("; the embedded model's conversion is there (0.5 GB)" if (embedded_folder() / "config.json").exists()
                  else "; the embedded model is converted on its first use and kept there (0.5 GB, about a minute)")
     say(f"cache: {root}, shared by every checkout and run of this user (GPU_FORECASTERS_CACHE moves it); {held}{model}")
+    return {"measure_s": seconds, "forecast_s": _forecast_seconds(embedded),
+            "converted": embedded and (embedded_folder() / "config.json").exists()}
+
+
+def _forecast_seconds(embedded, most=200):
+    """The seconds of the embedded model's latest forecasts in the cache (most of them), newest first."""
+    import json
+
+    from forecaster import DEFAULT_CACHE_DIR
+    if not embedded or not DEFAULT_CACHE_DIR.is_dir():
+        return []
+    newest = sorted(DEFAULT_CACHE_DIR.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:most]
+    out = []
+    for path in newest:
+        try:
+            f = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if "embedded" in str(f.get("model")) and isinstance(f.get("seconds"), (int, float)):
+            out.append(f["seconds"])
+    return out
+
+
+# What the parts of a CPU search took on the idle 2-core VM of the README's table (2026-12-05): a
+# measurement at CPU scale, a forecast of the embedded model, one of its rewrites (768 tokens), its
+# load, and its conversion from GGUF on first use. Used where the cache has no figure of this machine.
+IDLE_VM_S = {"measure": 7.0, "forecast": 3.0, "rewrite": 60.0, "load": 10.0, "convert": 60.0}
+
+
+def cpu_load_factor():
+    """How much the machine's other work stretches CPU work now: its runnable threads (the load
+    average over a minute) and ours (one) shared over its cores; 1 on an idle machine."""
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 1.0
+    return max(1.0, (load + 1) / cores)
+
+
+def expected_duration(args, plan):
+    """(seconds or None, the sentence start-up prints): how long this search should take here, from
+    what it is about to do (the seed and --budget measurements; the parents the budget needs, their
+    mutations and forecasts) and what each part cost on this machine (the median of the cache's
+    figures: measured here before, under whatever load; else the idle VM's, IDLE_VM_S, stretched by
+    the load now). None where a part cannot be timed: an LLM's mutations or forecasts, a GPU's
+    measurements with nothing of this task in the cache."""
+    import math
+    import statistics
+    gated = args.gate != "none"
+    per_parent = min(args.measure_per_parent, args.mutations) if gated else args.mutations
+    parents = math.ceil(args.budget / max(1, per_parent))
+    stretch = cpu_load_factor() if args.scale == "cpu" else 1.0
+    costs, parts, total = plan.costs or {}, [], 0.0
+
+    def cost(figures, idle, what):
+        if figures:
+            return statistics.median(figures), f"the median of {len(figures)} {what} in the cache"
+        if idle is None:
+            return None, None
+        return idle * stretch, "the idle VM's" + (f" x{stretch:.1f} for the load now" if stretch > 1.05 else "")
+
+    measure_s, basis = cost(costs.get("measure_s"), IDLE_VM_S["measure"] if args.scale == "cpu" else None,
+                            "measurements of this task")
+    if measure_s is None:
+        return None, ("expected duration: not estimated (nothing of this task measured at this scale in the cache "
+                      "yet); the progress says how long is left once measurements come back")
+    workers = max(1, len(getattr(plan.pool, "names", ())) or 1)
+    n = args.budget + 1 + round(args.audit * parents * max(0, args.mutations - per_parent))
+    total += n * measure_s / workers
+    parts.append(f"{n} measurements at ~{measure_s:.0f} s ({basis})" + (f", {workers} at a time" if workers > 1 else ""))
+    embedded_forecasts = gated and plan.forecaster_name.startswith("embedded")
+    if embedded_forecasts:
+        f_s, basis = cost(costs.get("forecast_s"), IDLE_VM_S["forecast"], "forecasts of the embedded model")
+        total += parents * args.mutations * f_s
+        parts.append(f"{parents * args.mutations} forecasts at ~{f_s:.0f} s ({basis})")
+    if plan.mutator_name == "embedded":
+        r_s, basis = cost(None, IDLE_VM_S["rewrite"], "")
+        total += parents * args.mutations * r_s
+        parts.append(f"{parents * args.mutations} rewrites of the embedded model at ~{r_s:.0f} s ({basis})")
+    if embedded_forecasts or plan.mutator_name == "embedded":
+        load_s = (IDLE_VM_S["load"] + (0 if costs.get("converted") else IDLE_VM_S["convert"])) * stretch
+        total += load_s
+        parts.append(f"the embedded model's load{'' if costs.get('converted') else ' and conversion'} ~{duration(load_s)}")
+    unknown = [what for what, used in (("the LLM's mutations", plan.mutator_name.startswith("llm")),
+                                        ("the LLM's forecasts", gated and not embedded_forecasts
+                                         and not plan.online)) if used]
+    words = (f"expected duration: about {duration(total)} here" + (f", plus {' and '.join(unknown)}" if unknown else "")
+             + f" ({parents} parents: " + ", ".join(parts) + "); less where the cache holds its kernels")
+    return (None if unknown else total), words
 
 
 def choose_pool(args, llm, scale, has_gpu, where, say):

@@ -79,6 +79,9 @@ GPU (GPT-OSS-20B in bf16, LoRA on attention and MoE experts, gradient checkpoint
 CPU (tiny scale): python train_grpo.py --data rows.jsonl --reward brier --out runs/x --embedded \\
         --answer-format votes --steps 4 --prompts-per-step 2 --group-size 4 --eval-fraction 0.2
 """
+from runtime import cli  # first, on its own: a Ctrl-C while the rest loads is one line (runtime/cli.py)
+
+# isort: split
 import contextlib
 import json
 import math
@@ -100,7 +103,6 @@ from models import lm, lm_memory
 from models.forecaster_backends import OpenAIServerBackend, ServerError
 from models.lm import LM, Batch, backward_prompt, checkpointing, collate, completion_logprobs, detached, no_grad, prompt_kv
 from paper_protocol import PROTOCOLS
-from runtime import cli
 from runtime.cli import flag
 from runtime.grpo_checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from runtime.grpo_ddp import average_gradients, balance_micro_batches, filler_mask, my_share, step_record, sync_context
@@ -543,15 +545,15 @@ def policy_step(acc, wrapped, optimizer, params, micro_batches, n_tokens, args, 
 
 # ---- the GRPO loop -------------------------------------------------------------------------------
 
-def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
+def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None, progress=True):
     """Run GRPO as configured by `args` (an Args); returns {"log": [...], "eval": {...}}.
 
     prompt_fn (row -> prompt token ids) and parse (text -> Forecast) default to the forecaster's
     prompt and parser; tests inject a synthetic pair. model/tokenizer: a base model in memory
-    instead of --model (an adapter is added to it)."""
+    instead of --model (an adapter is added to it). progress=False: no start-up estimate and no
+    progress (the calibration demo's runs, which it reports itself)."""
     import torch
     from accelerate import Accelerator
-    from tqdm import tqdm
     acc = Accelerator()  # plumbing (DDP): one process per GPU under accelerate launch
     device, out = acc.device, Path(args.out)
     rows = load_rows(args.data)
@@ -573,6 +575,9 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     if model is None:
         if not args.embedded:  # before a 42 GB load that would not fit (a server on the same GPU, say)
             check_training_memory(args, device, max_new=max_new)
+        else:  # seconds to minutes on a loaded CPU, before the estimate and the progress can say anything
+            acc.print(f"loading {lm.EMBEDDED_NAME} (the expected duration follows once a forward is timed)",
+                      file=sys.stderr)
         model, tokenizer = (lm.load_embedded() if args.embedded else
                             lm.load_model(args.model, device=device, training=True, attention=args.attention,
                                           say=lambda line: acc.print(line, file=sys.stderr)))
@@ -608,9 +613,14 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
     server = OpenAIServerBackend(args.server, model=args.model) if args.server else None
     served = args.model  # the model the server samples from: the base, or the adapter it last loaded
     tis = server is not None and args.tis_cap > 0  # weight the server's samples by min(pi / pi_server, C)
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc="GRPO",
-               disable=not (acc.is_main_process and cli.progress_bars()))
-    for step in bar:
+    expected = None  # plumbing (logging): the run's expected duration, from a forward timed here
+    if progress and acc.is_main_process:
+        expected, words = expected_duration(model, probe, args, start, max_new, (share_prompt, share),
+                                            acc.num_processes, len(eval_rows))
+        acc.print(words, file=sys.stderr)
+    bar = cli.Progress("GRPO", args.steps, "steps", initial=start, expected_s=expected,
+                       enabled=progress and acc.is_main_process, pace_from_start=True)  # the model is loaded
+    for step in range(start, args.steps):
         t0 = time.perf_counter()  # plumbing (logging)
         if device.type == "cuda":  # plumbing (logging)
             torch.cuda.reset_peak_memory_stats(device)
@@ -647,9 +657,13 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
         if acc.is_main_process:
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            bar.set_postfix(reward=f"{rec['reward']:.3f}", kept=f"{rec['groups_kept']}/{rec['groups']}")
+            bar.update()
+            bar.set_words(step_words(rec))
+            if progress and step == start and args.ppo_epochs == 1 and rec["groups_kept"]:
+                acc.print(ZERO_LOSS_NOTE, file=sys.stderr)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(acc, wrapped, optimizer, step + 1, out, args)
+    bar.close()
     # the final adapter, then the held-out evaluation on the main process alone (no barrier after
     # it: a long evaluation must not hit the other processes' collective timeout)
     summary = None
@@ -659,6 +673,60 @@ def train(args, prompt_fn=None, parse=None, model=None, tokenizer=None):
             seed_everything(args.seed, args.steps, 0)  # the same forecasts after a --resume
             summary = evaluate(policy, eval_rows, prompt_fn, parse, args, out, max_new, allowed, switch)
     return {"log": records, "eval": summary}
+
+
+# ---- what the log says: the step's words, the start-up estimate --------------------------------------
+
+# GRPO's loss is not a figure of progress: with one epoch (ratio 1) it is minus the token-weighted
+# mean of the advantages, which sum to zero within a group, so it is 0 (exactly, when a group's
+# completions are equally long) while its gradient is not. The reward and the gradient's norm move.
+ZERO_LOSS_NOTE = ("note: log.jsonl's loss is ~0 at every step of one --ppo-epochs by construction (the ratio is 1 "
+                  "and a group's advantages sum to zero), not a sign that nothing is learnt: its gradient is not "
+                  "zero (grad_norm); watch reward, brier and crps move")
+PROBE_TOKENS = 512  # of a prompt, timed for the start-up estimate (a forward's cost grows about linearly)
+
+
+def step_words(rec):
+    """What the progress shows of a step: its reward, the groups that carried a signal, the gradient."""
+    words = f"reward {rec['reward']:.3f}, {rec['groups_kept']}/{rec['groups']} groups kept"
+    if not rec["groups_kept"]:
+        return words + " (every group's rewards equal: nothing to learn from this step)"
+    return words + (f", grad norm {rec['grad_norm']:.3g}" if rec.get("grad_norm") is not None else "")
+
+
+def expected_duration(model, prompts, args, start, max_new, shared, processes, n_eval):
+    """(seconds, the start-up line): the steps left and the evaluation, timed from a forward of a
+    typical prompt here (the median length of the first rows; its first PROBE_TOKENS tokens timed,
+    the second of two runs, and scaled to its length). A sample costs about 1 + 1 + 3 x
+    --ppo-epochs forwards of its prompt (sampling, pi_old, forward and backward; one more each for
+    --kl-coef and gradient checkpointing; `shared`: whether a group's samples share the sampling
+    forward, and pi_old's) and a one-token forward per completion token; the evaluation one forward
+    and the completion per forecast. The progress lines go by the steps' own pace once one is done."""
+    import torch
+    prompt = sorted(prompts, key=len)[len(prompts) // 2]
+    ids = torch.tensor([prompt[:PROBE_TOKENS]], device=model.device)
+
+    def timed(x):
+        with torch.no_grad():
+            for _ in range(2):  # the first call warms up (allocations, kernels)
+                t0 = time.perf_counter()
+                model(input_ids=x)
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
+        return time.perf_counter() - t0
+    full, token = timed(ids) * len(prompt) / ids.shape[1], timed(ids[:, -1:])
+    completion = args.votes if args.answer_format == "votes" else max_new
+    in_sampling, in_passes = (1 / args.group_size if on else 1 for on in shared)
+    forwards = in_sampling + in_passes * (1 + (args.kl_coef > 0)) + args.ppo_epochs * (3 + checkpointing(model))
+    samples = args.prompts_per_step * args.group_size / processes
+    step_s = samples * (forwards * full + completion * token)
+    eval_s = n_eval * args.eval_samples * (full + completion * token)
+    total = (args.steps - start) * step_s + eval_s
+    bound = "" if args.answer_format == "votes" else f", at most: every completion {max_new} tokens long"
+    return total, (f"expected duration: about {cli.duration(total)} here{bound} ({args.steps - start} steps of "
+                   f"{samples:g} samples at ~{cli.duration(step_s)} a step, and {n_eval} x {args.eval_samples} "
+                   f"held-out forecasts; a forward of a {len(prompt)}-token prompt, the median of the first rows', "
+                   f"takes ~{full:.2f} s here); the progress lines correct it from the steps' own pace")
 
 
 # ---- command line --------------------------------------------------------------------------------

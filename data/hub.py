@@ -18,9 +18,10 @@ apart), and the rows are checked as the lines of a file are, with the same one-l
    (snapshot_download with those patterns). Both come from the cache (HF_HUB_CACHE, default
    ~/.cache/huggingface/hub) when they are there; with HF_HUB_OFFLINE=1 only from there, and a
    dataset missing from it is one line naming the command that fills it:
-   `hf download OWNER/NAME --repo-type dataset`. A card without a `configs` header is read as
-   `datasets` reads one: every data file, one configuration named `default`, split by the word
-   each file name starts with (`train-00000-of-00001.parquet`: train).
+   `hf download OWNER/NAME --repo-type dataset` (reachable and in_cache let a command look before
+   it reads, so that an unreachable Hub costs seconds, not the client's retries). A card without
+   a `configs` header is read as `datasets` reads one: every data file, one configuration named
+   `default`, split by the word each file name starts with (`train-00000-of-00001.parquet`: train).
 3. The rows: Parquet files through pyarrow, JSON Lines files through records.read_jsonl, in file
    order; row numbers count from 1 across the split's files.
 
@@ -48,6 +49,49 @@ def is_hub_name(source):
 def fill_command(repo):
     """The command that puts a dataset into the Hugging Face cache."""
     return f"hf download {repo} --repo-type dataset"
+
+
+def in_cache(name):
+    """Whether a Hub dataset is in the Hugging Face cache (its card is: a dataset fetched before)."""
+    from huggingface_hub import try_to_load_from_cache
+    repo, _, _ = parse_name(name)
+    return isinstance(try_to_load_from_cache(repo, "README.md", repo_type="dataset"), str)
+
+
+def reachable(timeout_s=3.0):
+    """Whether the Hub (HF_ENDPOINT) accepts a connection within timeout_s, its name resolved
+    included; False in offline mode. A look before any download: the Hub's client retries a Hub
+    it cannot reach for half a minute a file before it says so."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+    if constants.is_offline_mode():
+        return False
+    url = urlparse(constants.ENDPOINT)
+    answered = []
+
+    def connect():  # in a thread: a resolver that hangs is not bounded by the socket's timeout
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout_s).close()
+            answered.append(True)
+        except OSError:
+            pass
+    probe = threading.Thread(target=connect, name="hub-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s)
+    return bool(answered)
+
+
+def go_offline():
+    """The Hub's client reads the cache alone from now on (as with HF_HUB_OFFLINE=1)."""
+    import os
+
+    from huggingface_hub import constants
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
 
 
 def parse_name(name):

@@ -76,6 +76,11 @@ def draw_reliability(ax, rows, title=""):
     ax.legend(loc="upper left", fontsize=8)
 
 
+# beyond 0 and 1 too: a forecaster that is never wrong (AURC 0) draws its curve on the x axis, and
+# one whose confidences are all equal a single point at coverage 1, which the axes would hide
+RISK_LIMITS, COVERAGE_LIMITS = (-0.04, 1.02), (-0.02, 1.03)
+
+
 def plot_risk_coverage(rows, path, title="", protocol="ours"):
     """The risk-coverage curve of each confidence score and its AURC, by the protocol's definition,
     the one metrics.py's table gives beside it: this project's (selective.aurc: the curve extended
@@ -97,7 +102,7 @@ def plot_risk_coverage(rows, path, title="", protocol="ours"):
             ax.plot(cov, risk, marker="o", ms=3,  # straight segments: the trapezoid AURC integrates
                     label=f"{kind} (AURC {'-' if area is None else f'{area:.3f}'})")
     which = "the original's AURC (--protocol paper)" if protocol == "paper" else "this project's AURC"
-    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
+    ax.set(xlim=COVERAGE_LIMITS, ylim=RISK_LIMITS, xlabel="coverage (trusted / all rows)",
            ylabel="risk (bin mismatch among trusted)", title=f"{title}\nrisk-coverage, {which}")
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -137,8 +142,8 @@ def plot_paper_risk_coverage(groups, path):
         if points:
             area = paper_protocol.aurc(paper_protocol.curve(rows))
             cov, risk = zip(*sorted(points))
-            ax.plot(cov, risk, marker="o", ms=2, label=f"{name} (AURC {area:.3f})" if area is not None else name)
-    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (trusted / all rows)",
+            ax.plot(cov, risk, marker="o", ms=4, label=f"{name} (AURC {area:.3f})" if area is not None else name)
+    ax.set(xlim=COVERAGE_LIMITS, ylim=RISK_LIMITS, xlabel="coverage (trusted / all rows)",
            ylabel="risk (stated bin wrong among trusted)", title="risk-coverage (the paper's protocol, max-prob)")
     ax.legend(fontsize=7)
     _save(fig, path)

@@ -45,12 +45,13 @@ pays 0.109.
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,7 @@ def run_one(opts, reward, weight, seed, data, out):
     tok = tiny_tokenizer()
     result = train_grpo.train(train_args(opts, reward, weight, seed, data, out),
                               prompt_fn=lambda row: tok.encode(row["candidate_code"]),
-                              model=tiny_model(opts.arch, seed), tokenizer=tok)
+                              model=tiny_model(opts.arch, seed), tokenizer=tok, progress=False)
     ev = result["eval"]
     preds = load_predictions(out / "predictions.jsonl")
     kind_of = {r["row_id"]: (r["level"], r["shape"]) for _, r in read_jsonl(data)}
@@ -276,8 +277,8 @@ def summarise(settings, per_seed):
             for shape in SHAPES if any(shape in r["confidence_by_shape"] for r in runs)}
         if reward != "correctness":  # per seed: same rows, same init, only the reward differs
             pairs = list(zip(runs, per_seed["correctness"]))
-            ratio = mean_std([r["ece"] / c["ece"] for r, c in pairs])
-            entry["ece_ratio_to_correctness"] = {"mean": ratio[0], "std": ratio[1]}
+            ratios = [r["ece"] / c["ece"] for r, c in pairs if c["ece"] > 0]  # a perfect ECE has no ratio
+            entry["ece_ratio_to_correctness"] = dict(zip(("mean", "std"), mean_std(ratios))) if ratios else None
             entry["seeds_with_lower_ece"] = sum(r["ece"] < c["ece"] for r, c in pairs)
         entry["incentive"] = incentive(reward, weight)
         entry["seeds"] = runs
@@ -310,10 +311,60 @@ def worker_context(arch):
     return ctx
 
 
+PROBE_STEPS = 4  # GRPO steps the start-up estimate times (the first warms up and is left out)
+
+
+def expected_duration(opts, n_runs, folder):
+    """(seconds, the start-up line): the runs' GRPO steps and evaluations, at the pace of a few
+    steps of the tiny model trained here now (PROBE_STEPS, a run of its own in `folder`), --jobs
+    runs at a time over the machine's cores beside its other load."""
+    import torch
+    data = folder / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_rows(max(8, opts.prompts_per_step * 2), 0)))
+    probe = argparse.Namespace(**{**vars(opts), "steps": PROBE_STEPS, "eval_fraction": 0.0})
+    tok, threads = tiny_tokenizer(), torch.get_num_threads()
+    torch.set_num_threads(1)  # as each run has it
+    t0 = time.perf_counter()
+    try:
+        log = train_grpo.train(train_args(probe, "brier", 1.0, 0, data, folder / "run"), prompt_fn=lambda row: tok.encode(row["candidate_code"]),
+                               model=tiny_model(opts.arch, 0), tokenizer=tok, progress=False)["log"]
+    finally:
+        torch.set_num_threads(threads)
+    step_s = float(np.median([r["step_time_s"] for r in log[1:]]))
+    setup_s = time.perf_counter() - t0 - sum(r["step_time_s"] for r in log)  # a run's model, adapter, optimiser
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        load, cores = 0.0, os.cpu_count() or 1
+    # the probe ran alone beside the load; the runs run --jobs at a time beside it
+    crowding = max(1.0, (min(opts.jobs, n_runs) + load) / cores) / max(1.0, (1 + load) / cores)
+    n_eval = round(opts.rows * opts.eval_fraction)
+    # an evaluation samples its rows' forecasts, as a step samples its group's: a third of a step's work
+    eval_s = step_s / 3 * n_eval * opts.eval_samples / (opts.prompts_per_step * opts.group_size)
+    rounds = math.ceil(n_runs / opts.jobs)
+    total = rounds * (setup_s + opts.steps * step_s + eval_s) * crowding
+    return total, (f"expected duration: about {cli.duration(total)} here ({n_runs} runs of {opts.steps} GRPO steps, "
+                   f"{opts.jobs} at a time, at ~{1000 * step_s:.0f} ms a step and {setup_s:.1f} s to set a run up, "
+                   f"as {PROBE_STEPS} steps took here now"
+                   + (f", x{crowding:.1f} for {opts.jobs} runs beside the load now ({load:.1f} on {cores} cores)"
+                      if crowding > 1.05 else "") + "); the idle 2-core VM took 157 s for the defaults")
+
+
+def steps_done(folders):
+    """GRPO steps done so far by the runs writing into `folders` (a line of log.jsonl each)."""
+    done = 0
+    for f in folders:
+        try:
+            done += (f / "log.jsonl").read_bytes().count(b"\n")
+        except OSError:
+            pass  # not started yet
+    return done
+
+
 def run_demo(opts):
     """Every (seed, setting) run, --jobs at a time, each in its own process (or all in this one
     with --jobs 1: the numbers are the same, every run seeds itself); then the summary and plot."""
-    from tqdm import tqdm
+    import tempfile
     settings = parse_settings(opts.rewards)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -326,19 +377,26 @@ def run_demo(opts):
         runs += [(opts, reward, weight, seed, data,
                   data.parent / setting_name(reward, weight).replace(":", "-w"))
                  for reward, weight in settings]
-    bar = tqdm(total=len(runs), desc="runs (seed x setting)", position=0, disable=not cli.progress_bars())
-    if opts.jobs == 1:
-        results = []
-        for run in runs:
-            results.append(run_one(*run))
-            bar.update()
-    else:
-        with ProcessPoolExecutor(opts.jobs, mp_context=worker_context(opts.arch)) as pool:
-            futures = [pool.submit(run_quietly, *run) for run in runs]
-            for _ in as_completed(futures):
-                bar.update()
-            results = [f.result() for f in futures]
-    bar.close()
+    with tempfile.TemporaryDirectory(prefix="calibration-probe-") as probe:
+        expected, words = expected_duration(opts, len(runs), Path(probe))
+    print(words, file=sys.stderr, flush=True)
+    folders = [run[-1] for run in runs]
+    bar = cli.Progress("calibration demo", len(runs) * opts.steps, "GRPO steps", expected_s=expected,
+                       count=lambda: steps_done(folders))
+    try:
+        if opts.jobs == 1:
+            results = []
+            for run in runs:
+                results.append(run_one(*run))
+                bar.refresh()
+        else:
+            with ProcessPoolExecutor(opts.jobs, mp_context=worker_context(opts.arch)) as pool:
+                futures = [pool.submit(run_quietly, *run) for run in runs]
+                while wait(futures, timeout=1.0).not_done:  # the bar follows the runs' logs meanwhile
+                    bar.refresh()
+                results = [f.result() for f in futures]
+    finally:
+        bar.close()
     per_seed, preds = {}, {}
     for (_, reward, weight, *_), (scores, p) in zip(runs, results):
         name = setting_name(reward, weight)

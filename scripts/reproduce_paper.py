@@ -35,6 +35,15 @@ Which forecaster is the base GPT-OSS-20B and which the Brier adapter: --base-lab
 Writes OUT/report.md and OUT/plots/ (a reliability diagram per forecaster, the risk-coverage
 curves, speedup recovered, and with discovery forecasts their precision-recall curve), each file
 whole or not at all.
+
+What is not here. Before reading anything, each dataset is looked for (available): a file on
+disk, or a Hub name in the Hugging Face cache, or else on the Hub if the Hub answers within a few
+seconds (the Hub's client would retry an unreachable Hub for half a minute per file). The report
+holds the sections the datasets at hand determine and names, at its top, each one missing with
+the sections it would add and the command that fetches it; with none at hand it is one line of
+error naming all four. --example builds the report from the project's small example data instead
+(tests/fixtures, hand-made in the datasets' schemas; tests/fixtures/README.md), and says so at its
+top: its figures exercise the code and are no result.
 """
 import re
 import sys
@@ -85,6 +94,56 @@ class Args:
                            "naming base or 20b and no training reward)")
     brier_label: str = flag("auto", "the surrogate_label of the correctness + Brier adapter (auto: the one label "
                             "naming brier)")
+    example: bool = flag(False, "build the report from the project's small example data (tests/fixtures, hand-made "
+                         "in the datasets' schemas) instead of the paper's datasets: it needs no Hub, and it says "
+                         "at its top that its figures are no result")
+
+
+DATASETS = {"eval_set": "the eval set", "predictions": "the predictions", "discovery_pairs": "the discovery pairs",
+            "rl_pool": "the RL pool"}
+ADDS = {  # what each dataset adds to the report
+    "eval_set": "sections 2-4 with the predictions (the forecasters' scores, risk-coverage, Table 1)",
+    "predictions": "sections 2-4 with the eval set (the forecasters' scores, risk-coverage, Table 1)",
+    "discovery_pairs": "section 5 (discovery moments)",
+    "rl_pool": "section 6 (the RL pool)",
+}
+FIXTURES = ROOT / "tests" / "fixtures"
+EXAMPLE = {"eval_set": FIXTURES / "paper_eval_rows.jsonl", "predictions": FIXTURES / "paper_predictions.jsonl",
+           "discovery_pairs": FIXTURES / "paper_discovery_pairs.jsonl", "rl_pool": FIXTURES / "paper_rl_pool.jsonl"}
+EXAMPLE_BANNER = ("> **Built from the project's small example data, not the paper's datasets**: a handful of hand-made "
+                  "rows in their schemas (`tests/fixtures`, `--example`). Every figure below exercises the code that "
+                  "computes it and says nothing about the paper's results; the published values beside them are the "
+                  "paper's.")
+
+
+def available(sources):
+    """{dataset: why it is missing} of the datasets that cannot be read here: a file that is not
+    there, or a Hub name that is not in the Hugging Face cache while the Hub does not answer. Then
+    the Hub's client is put offline (hub.go_offline), so that reading what the cache holds makes
+    no network call either."""
+    online = hub.reachable() if any(hub.is_hub_name(s) for s in sources.values()) else True
+    if not online:
+        hub.go_offline()
+    missing = {}
+    for key, source in sources.items():
+        if not hub.is_hub_name(source):
+            if not Path(source).is_file():
+                missing[key] = f"{source}: no such file"
+        elif not online and not hub.in_cache(source):
+            missing[key] = (f"{source} is not in the Hugging Face cache and the Hub cannot be reached: "
+                            f"`{hub.fill_command(hub.parse_name(source)[0])}` where it can")
+    return missing
+
+
+def none_here(missing, sources):
+    """The one line of error when no dataset is at hand: every one named, and what to do."""
+    names = [sources[k] for k in missing if hub.is_hub_name(sources[k])]
+    files = [why for k, why in missing.items() if not hub.is_hub_name(sources[k])]
+    hub_part = (f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not in the Hugging Face cache and the Hub "
+                "cannot be reached (fetch each with `hf download NAME --repo-type dataset` where it can, with the "
+                "same HF_HUB_CACHE)") if names else ""
+    return ("none of the four datasets is here: " + "; ".join(filter(None, [hub_part] + files))
+            + "; or see the report built from the project's small example data: --example")
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -123,23 +182,35 @@ def table(header, rows):
     return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
-def datasets_section(sources, evals, preds, pairs, pool):
+def datasets_section(sources, evals, preds, pairs, pool, missing=()):
+    """Section 1; a dataset that is not at hand is named so, its rows a dash (the predictions are
+    read joined with the eval set: without it, they cannot be read)."""
     p = PUBLISHED
-    by_task = metrics.group_by(evals, lambda r: r["pack"])
-    labels = sorted({r["model"] for r in preds})
-    repeats = sorted({r["repeat"] for r in preds}, key=str)
+
+    def row(name, key, rows, paper):
+        shown = sources[key]
+        if not hub.is_hub_name(shown) and Path(shown).is_relative_to(ROOT):  # the example's files
+            shown = Path(shown).relative_to(ROOT)
+        if rows is None:
+            return [name, f"`{shown}`", "not here" if key in missing else "needs the eval set", "-", paper]
+        return [name, f"`{shown}`", revision(sources[key]), len(rows), paper]
     lines = ["## 1. The datasets", ""] + table(
         ["dataset", "read from", "revision", "rows", "paper"],
-        [["eval set", f"`{sources['eval_set']}`", revision(sources["eval_set"]), len(evals), p["eval_rows"]],
-         ["predictions", f"`{sources['predictions']}`", revision(sources["predictions"]), len(preds),
-          f"{p['prediction_rows']} = {p['forecasters']} forecasters x {p['repeats']} repeats x {p['eval_rows']}"],
-         ["discovery pairs", f"`{sources['discovery_pairs']}`", revision(sources["discovery_pairs"]), len(pairs),
-          p["discovery_pairs"]],
-         ["RL pool", f"`{sources['rl_pool']}`", revision(sources["rl_pool"]), len(pool), p["rl_rows"]]])
-    lines += ["", f"Predictions: {len(labels)} forecasters ({', '.join(labels)}) x {len(repeats)} repeats "
-              f"(paper: {p['forecasters']} x {p['repeats']}).", "", "Eval-set rows per task:", ""]
-    lines += table(["task", "rows", "paper"], [[t, len(rs), p["eval_by_task"].get(t, "-")]
-                                              for t, rs in sorted(by_task.items())])
+        [row("eval set", "eval_set", evals, p["eval_rows"]),
+         row("predictions", "predictions", preds,
+             f"{p['prediction_rows']} = {p['forecasters']} forecasters x {p['repeats']} repeats x {p['eval_rows']}"),
+         row("discovery pairs", "discovery_pairs", pairs, p["discovery_pairs"]),
+         row("RL pool", "rl_pool", pool, p["rl_rows"])])
+    if preds is not None:
+        labels = sorted({r["model"] for r in preds})
+        repeats = sorted({r["repeat"] for r in preds}, key=str)
+        lines += ["", f"Predictions: {len(labels)} forecasters ({', '.join(labels)}) x {len(repeats)} repeats "
+                  f"(paper: {p['forecasters']} x {p['repeats']})."]
+    if evals is not None:
+        by_task = metrics.group_by(evals, lambda r: r["pack"])
+        lines += ["", "Eval-set rows per task:", ""]
+        lines += table(["task", "rows", "paper"], [[t, len(rs), p["eval_by_task"].get(t, "-")]
+                                                  for t, rs in sorted(by_task.items())])
     return lines
 
 
@@ -261,45 +332,68 @@ NOT_HERE = ["## What the published datasets do not determine", "",
             "- Discovery precision and recall without forecasts of the pairs (section 5)."]
 
 
-def write_report(args):
-    """Read the four datasets, score them, write OUT/report.md and OUT/plots/. The report's text."""
+def missing_section(missing, sources):
+    """The report's first lines where datasets are missing: each, what it would add, how to get it."""
+    lines = ["## Not in this report", "",
+             "These datasets were not at hand, so the sections that need them are left out:", ""]
+    for key, why in missing.items():
+        lines.append(f"- {DATASETS[key]} would add {ADDS[key]}: {why}.")
+    if all(hub.is_hub_name(sources[k]) for k in missing):
+        lines += ["", "Fetch them where the Hub can be reached (with the same HF_HUB_CACHE), then run this command "
+                  "again; or see a whole report built from the project's small example data with `--example`."]
+    return lines
+
+
+def write_report(args, sources, missing=None):
+    """Read the datasets at hand (`sources`, less those `missing`), score them, write OUT/report.md
+    and OUT/plots/ with the sections they determine. The report's text."""
     from data import plots  # matplotlib only here
-    sources = {k: getattr(args, k) for k in ("eval_set", "predictions", "discovery_pairs", "rl_pool")}
-    evals = load_rows(args.eval_set)
-    preds = load_predictions(args.predictions, args.eval_set, bin_rule="stated")
-    pairs = load_rows(args.discovery_pairs)
-    pool = load_rows(args.rl_pool)
-    groups = metrics.group_by(preds, metrics.forecaster_name)
+    missing = missing or {}
+    have = lambda key: key not in missing  # noqa: E731
+    evals = load_rows(sources["eval_set"]) if have("eval_set") else None
+    preds = (load_predictions(sources["predictions"], sources["eval_set"], bin_rule="stated")
+             if have("predictions") and have("eval_set") else None)
+    pairs = load_rows(sources["discovery_pairs"]) if have("discovery_pairs") else None
+    pool = load_rows(sources["rl_pool"]) if have("rl_pool") else None
+    groups = metrics.group_by(preds, metrics.forecaster_name) if preds is not None else {}
     reports = {name: metrics.paper_report(rs) for name, rs in sorted(groups.items())}
     labels = list(reports)
     base = pick_label(labels, args.base_label, BASE_NAME, exclude=TRAINED_NAME)
     brier = pick_label(labels, args.brier_label, re.compile("brier", re.I))
     disc = None
-    if args.discovery_predictions:
+    if args.discovery_predictions and pairs is not None:
         drows = load_predictions(args.discovery_predictions)
         known = {r["row_id"] for r in pairs}
         stray = sorted({r["id"] for r in drows} - known)
         if stray:
             raise RecordError(f"{args.discovery_predictions}: forecasts of {len(stray)} pair(s) not in "
-                              f"{args.discovery_pairs} (e.g. {stray[0]!r}); pass the predictions of these pairs")
+                              f"{sources['discovery_pairs']} (e.g. {stray[0]!r}); pass the predictions of these pairs")
         disc = {name: metrics.discovery_moments(rs, args.tau)
                 for name, rs in sorted(metrics.group_by(drows, metrics.forecaster_name).items())}
     out = Path(args.out)
     plot_dir = out / "plots"
     for name, rows in groups.items():
         plots.plot_reliability(rows, plot_dir / f"reliability_{plots._slug(name)}.png", title=name)
-    plots.plot_paper_risk_coverage(groups, plot_dir / "risk_coverage.png")
-    plots.plot_speedup_recovered(reports, plot_dir / "speedup_recovered.png")
+    if groups:
+        plots.plot_paper_risk_coverage(groups, plot_dir / "risk_coverage.png")
+        plots.plot_speedup_recovered(reports, plot_dir / "speedup_recovered.png")
     for name, d in (disc or {}).items():
         plots.plot_precision_recall(d, plot_dir / f"discovery_pr_{plots._slug(name)}.png", title=f"{name}: discovery")
-    text = "\n".join(
-        ["# The paper's tables and figures, from its published datasets", "",
-         "Written by `scripts/reproduce_paper.py` in the paper's protocol (`metrics.py --protocol paper`); each "
-         "figure beside the value docs/PAPER.md gives, where it gives one. Plots in `plots/`.", ""]
-        + datasets_section(sources, evals, preds, pairs, pool) + [""]
-        + forecasters_section(reports) + [""] + selective_section(reports) + [""]
-        + speedup_section(reports, base, brier) + [""] + discovery_section(pairs, disc, args.tau) + [""]
-        + pool_section(pool) + [""] + NOT_HERE) + "\n"
+    sections = [datasets_section(sources, evals, preds, pairs, pool, missing)]
+    if preds is not None:
+        sections += [forecasters_section(reports), selective_section(reports), speedup_section(reports, base, brier)]
+    if pairs is not None:
+        sections.append(discovery_section(pairs, disc, args.tau))
+    if pool is not None:
+        sections.append(pool_section(pool))
+    head = ["# The paper's tables and figures, from its published datasets", ""]
+    if args.example:
+        head += [EXAMPLE_BANNER, ""]
+    head += ["Written by `scripts/reproduce_paper.py` in the paper's protocol (`metrics.py --protocol paper`); each "
+             "figure beside the value docs/PAPER.md gives, where it gives one. Plots in `plots/`.", ""]
+    if missing:
+        head += missing_section(missing, sources) + [""]
+    text = "\n".join(head + [line for section in sections for line in section + [""]] + NOT_HERE) + "\n"
     write_atomic(out / "report.md", text)
     return text
 
@@ -309,12 +403,29 @@ def main(argv=None):
     if Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"reproduce_paper.py: error: --out {args.out} is an existing file; pass a folder", file=sys.stderr)
         return 2
+    sources = {k: getattr(args, k) for k in DATASETS}
+    if args.example:
+        given = [f"--{k.replace('_', '-')}" for k in DATASETS if getattr(args, k) != Args.__dataclass_fields__[k].default]
+        if given:
+            print(f"reproduce_paper.py: error: --example reads the project's example data; drop {', '.join(given)} "
+                  "(or --example, for your datasets)", file=sys.stderr)
+            return 2
+        sources = {k: str(path) for k, path in EXAMPLE.items()}
+    missing = available(sources)
+    if len(missing) == len(sources):
+        print(f"reproduce_paper.py: error: {none_here(missing, sources)}", file=sys.stderr)
+        return 2
     try:
-        write_report(args)
+        write_report(args, sources, missing)
     except (RecordError, OSError) as e:
         print(f"reproduce_paper.py: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}/report.md and {args.out}/plots/")
+    print(f"wrote {args.out}/report.md and {args.out}/plots/"
+          + (" from the project's small example data (its figures are no result)" if args.example else ""))
+    if missing:
+        print("reproduce_paper.py: warning: the report leaves out what these datasets would add: "
+              + "; ".join(f"{DATASETS[k]}: {ADDS[k]}" for k in missing)
+              + " (the report's first section says how to fetch them)", file=sys.stderr)
     return 0
 
 

@@ -16,7 +16,7 @@ sets it for the whole run): nothing is fetched.
 
 paper_datasets(cache) lays out the paper's four datasets (docs/PAPER.md §10) with the columns of
 their published cards, small: the eval set and predictions of tests/fixtures (a `combined` config
-and one per task or forecaster), an RL pool of training rows, and the discovery pairs of
+and one per task or forecaster), its RL pool of training rows, and the discovery pairs of
 tests/fixtures (`combined`, `gpu_mode`, `kernelbench_l3`).
 """
 import hashlib
@@ -25,7 +25,6 @@ import json
 import os
 from pathlib import Path
 
-from bins import speedup_to_bin
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EVAL_SET = "codezakh/gpu-forecasters-eval-set"
@@ -94,22 +93,11 @@ def by(rows, key):
 
 
 def rl_pool_rows():
-    """Training rows in the RL pool's published columns, 9 of them over two tasks, with code that
-    differs from row to row (a cost model needs distinct candidates): rows of pair_type seed are
-    kernels against the task's seed, rows of parent_edit a child against its parent (the row
-    before it), as the paper's pool holds them."""
-    seed = "import torch\n\n\ndef custom_kernel(data):\n    return torch.nn.functional.cross_entropy(*data)\n"
-    rows = []
-    for i in range(9):
-        pack = "cross_entropy" if i < 6 else "trimul"
-        s = [0.45, 0.6, 0.8, 1.1, 1.6, 2.4, 3.2, 0.9, 5.0][i]
-        code = seed.replace("return", f"block = {64 * (i + 1)}\n    return")
-        parent_edit = i % 3 == 2
-        rows.append({"row_id": f"pool-{i}", "pack": pack, "anchor_code": rows[-1]["candidate_code"] if parent_edit
-                     else seed, "candidate_code": code, "aggregated_speedup": s, "relative_bin": speedup_to_bin(s),
-                     "pair_type": "parent_edit" if parent_edit else "seed", "hardware": "NVIDIA A100-SXM4-80GB",
-                     "source_id": f"k{i}", "source_search": f"{pack}.json", "internal_experiment": "x"})
-    return rows
+    """Training rows in the RL pool's published columns (tests/fixtures/paper_rl_pool.jsonl): 9 of
+    them over two tasks, with code that differs from row to row (a cost model needs distinct
+    candidates); rows of pair_type seed are kernels against the task's seed, rows of parent_edit a
+    child against its parent (the row before it), as the paper's pool holds them."""
+    return fixture_rows("paper_rl_pool.jsonl")
 
 
 def paper_datasets(cache):

@@ -123,8 +123,19 @@ def test_tokenizer_and_votes():
     assert parse_votes(text, 4).probs == [0, 0, 0, 0.75, 0.25, 0, 0, 0]
 
 
+@pytest.fixture
+def stops_the_forkserver():
+    """The demo's runs are forked from a forkserver, beside which multiprocessing runs a resource
+    tracker; both live as long as the process that started them. A command ends with its process;
+    a test must end them itself, or a later test of the same process finds them there."""
+    yield
+    from multiprocessing import forkserver, resource_tracker
+    forkserver._forkserver._stop()  # the test suite's own stop (CPython's tests use it too)
+    resource_tracker._resource_tracker._stop()
+
+
 @pytest.mark.e2e
-def test_demo_plumbing(tmp_path, capsys):
+def test_demo_plumbing(tmp_path, capsys, stops_the_forkserver):
     out = tmp_path / "demo"
     argv = ["--out", str(out), "--seeds", "2", "--steps", "1", "--rows", "16", "--prompts-per-step",
             "2", "--group-size", "2", "--eval-samples", "1", "--json", "--jobs", "2"]

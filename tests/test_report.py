@@ -160,6 +160,44 @@ def test_the_view_of_a_handmade_log(tmp_path):
     assert view["gate"]["mismatch"] == [{"x": 1, "all": 0.0, "trusted": None}]
 
 
+def test_the_ledger_names_each_models_tokens_for_what_it_is(tmp_path):
+    # the embedded mutator is a language model (SmolLM2): its tokens are counted, not denied; a
+    # gated run whose forecasts carry no tokens says why, never "no gate"
+    events = handmade_events()
+    for e in events:
+        if e["kind"] == "config":
+            e["payload"] = dict(e["payload"], mutator="embedded")
+        if e["kind"] == "mutation":
+            for c in e["payload"]["candidates"]:
+                c["meta"] = dict(c["meta"], tokens_in=700, tokens_out=300, reply="```python\nx\n```")
+    led = ledger(report.build_run(write_log(tmp_path / "embedded", events)))
+    assert led["mutator tokens in / out"] == "3,500 / 1,500"  # the 5 children's, the failed mutation's not
+    for e in events:
+        if e["kind"] == "config":
+            e["payload"] = dict(e["payload"], forecaster="costmodel (online, LightGBM, gates from 5 labels)")
+        if e["kind"] == "forecast":
+            for f in e["payload"]["forecasts"]:
+                f["record"] = dict(f["record"], tokens_in=None, tokens_out=None)
+    led = ledger(report.build_run(write_log(tmp_path / "costmodel", events)))
+    assert led["forecaster tokens in / out"] == "none: the cost model is no language model"
+
+
+def test_the_trees_marks_tell_a_measured_node_from_a_skipped_one(tmp_path):
+    # a measured node at parity is filled with a colour no one takes for the grey ring of a skipped
+    # child, and one within the noise of its parent is marked by its symbol, not faded toward white
+    events = handmade_events()
+    for e in events:
+        if e["kind"] == "measurement" and e["request_id"] == "s0p0c2":
+            e["payload"] = measured(1.005)  # 1.005x over a 1.0x parent, both +-1%: within the noise
+    view = report.build_run(write_log(tmp_path / "run", events))
+    traces = {t.get("name"): t for t in report.tree_figure(view)["data"]}
+    assert traces["skipped: forecast only"]["marker"]["symbol"] == "circle-open"
+    noise = next(t for name, t in traces.items() if name and name.startswith("measured, within the noise"))
+    assert noise["marker"]["symbol"] == "circle-dot" and "opacity" not in noise["marker"]
+    parity = dict(report.COLORS)[0.5]
+    assert parity.lower() not in ("#d9d9d9", "#999999", "#ffffff") and parity != traces["skipped: forecast only"]["marker"]["color"]
+
+
 @pytest.mark.parametrize("k, n, interval", [(0, 10, (0.0, 0.308497)), (3, 12, (0.054861, 0.571858)),
                                             (10, 10, (0.691503, 1.0))])
 def test_clopper_pearson_matches_the_beta_quantiles(k, n, interval):

@@ -10,10 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from hub_cache import FIXTURES, paper_datasets
+from hub_cache import DISCOVERY, EVAL_SET, FIXTURES, PREDICTIONS, RL_POOL, paper_datasets
 
 import metrics
 from data.dataset import load_predictions
@@ -77,14 +78,63 @@ def test_the_report_from_the_hub_datasets_holds_metrics_figures_beside_the_publi
     assert all((out / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 
 
-def test_without_the_cache_it_stops_in_one_line_naming_the_command_that_fills_it(tmp_path, monkeypatch, capsys):
-    from huggingface_hub import constants
-    (tmp_path / "hub").mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty; offline (conftest.py)
-    assert script().main(["--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "hf download codezakh/gpu-forecasters-eval-set --repo-type dataset" in err
+def test_without_the_hub_or_the_cache_it_stops_in_seconds_in_one_line_naming_every_dataset(tmp_path):
+    # no HF_HUB_OFFLINE, and a Hub whose name does not resolve (as on a machine with no network):
+    # the Hub's client would retry each file for half a minute; the command looks first
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_ENDPOINT="https://hub.invalid")
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    took = time.monotonic() - started
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and took < 5 + 3, (took, r.stderr)  # 3 s: Python, loaded
+    for name in (EVAL_SET, PREDICTIONS, DISCOVERY, RL_POOL):
+        assert f"hf:{name}" in r.stderr
+    assert "hf download NAME --repo-type dataset" in r.stderr and "--example" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_report_of_the_datasets_at_hand_names_those_missing_and_what_they_would_add(tmp_path):
+    cache = tmp_path / "hub"
+    paper_datasets(cache)
+    out = tmp_path / "paper"
+    done = run(cache, "--out", str(out), "--discovery-pairs", "hf:someone/not-fetched", "--rl-pool",
+               str(tmp_path / "absent.jsonl"))
+    assert done.returncode == 0, done.stderr
+    assert "warning" in done.stderr and "section 5" in done.stderr and "section 6" in done.stderr
+    report = (out / "report.md").read_text()
+    top = report.split("## 1.")[0]
+    assert "## Not in this report" in top
+    assert "the discovery pairs would add section 5 (discovery moments): hf:someone/not-fetched is not in the " \
+           "Hugging Face cache" in top and "hf download someone/not-fetched --repo-type dataset" in top
+    assert f"the RL pool would add section 6 (the RL pool): {tmp_path / 'absent.jsonl'}: no such file" in top
+    # the sections the eval set and the predictions determine are there; those of the others are not
+    assert "## 2. The forecasters on the eval set" in report and "## 4. Speedup recovered" in report
+    assert "## 5." not in report and "## 6." not in report
+    assert "| discovery pairs | `hf:someone/not-fetched` | not here | - | 1347 |" in report
+
+
+@pytest.mark.slow
+def test_example_builds_the_whole_report_from_the_shipped_data_and_says_so_at_its_top(tmp_path):
+    out = tmp_path / "example"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_HUB_CACHE=str(tmp_path / "empty"), HF_ENDPOINT="https://hub.invalid")  # no Hub needed
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--example"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert "small example data" in done.stdout
+    report = (out / "report.md").read_text()
+    head = report.splitlines()[:4]
+    assert head[2].startswith("> **Built from the project's small example data, not the paper's datasets**")
+    for section in ("## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+        assert section in report
+    assert "| eval set | `tests/fixtures/paper_eval_rows.jsonl` | file | 4 | 424 |" in report
+    assert "Not in this report" not in report
+    # --example reads its own data: a dataset named beside it is refused in one line
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x"), "--example", "--rl-pool", "a.jsonl"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "drop --rl-pool" in r.stderr
 
 
 def test_the_published_values_it_compares_with_are_docs_paper_md_s():

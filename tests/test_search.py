@@ -141,6 +141,32 @@ def test_budget_never_exceeded(tmp_path, budget):
     assert len(measure.calls) == budget + 1  # + the seed, which the budget does not count
 
 
+def test_off_a_terminal_the_search_says_where_it_is_a_line_at_a_time(tmp_path, monkeypatch, capsys):
+    # into a log (capsys: no terminal) no bar, but a line every GPU_FORECASTERS_PROGRESS_S seconds
+    # with the measurements done and the time left; a rerun's measurements come from its log, in
+    # no time, and do not make the pace
+    monkeypatch.setenv("GPU_FORECASTERS_PROGRESS_S", "0.05")
+
+    def slow(task, source, **kw):
+        time.sleep(0.2)  # a few of the progress's ticks a measurement
+        return BitMeasure()(task, source)
+
+    def search(budget):
+        with MeasurePool(["cpu"], measure_fn=slow) as pool:
+            return Search(cfg(budget=budget), tmp_path / "run", seed_code="00000000\n", mutator=BitMutator(),
+                          pool=pool, progress=True, say=lambda *a: None, expected_s=30).run()
+    search(6)
+    lines = capsys.readouterr().err.splitlines()
+    assert "\r" not in "".join(lines) and lines[0].startswith("search (none gate): 0 of 6 measurements, ")
+    assert lines[0].endswith("left (the start-up estimate)")
+    assert any(x.startswith("search (none gate): 4 of 6 measurements") and "start-up" not in x for x in lines)
+    assert lines[-1].startswith("search (none gate): 6 of 6 measurements in ")
+    search(8)  # a rerun that extends it: 6 from the log, 2 measured now
+    resumed = capsys.readouterr().err.splitlines()
+    replayed = [x for x in resumed if x.startswith("search (none gate): 6 of 8 measurements,")]
+    assert replayed and all(x.endswith("(the start-up estimate)") for x in replayed)  # no pace from the replay
+
+
 def test_failed_candidates_count_as_visits_but_never_enter_the_archive(tmp_path):
     # 'x' kernels fail to compile; a mutator that only proposes them leaves the seed alone.
     class Broken:

@@ -344,3 +344,55 @@ def test_the_start_up_says_what_the_shared_cache_holds_for_this_run(tmp_path, mo
                                 "measured faster; within the measurement's noise of 1.0, +-14.0% at two standard errors)")
     assert report[1] == "11 measurements (the seed's included): 8 from the cache (--no-cache measures them again), " \
                         "3 measured now"
+    summary.update(audits=5, audit_misses=2)
+    assert report[1] in search._report(summary) and "5 skipped children audited (measured outside the budget, " \
+        "never learnt from): 2 faster than their parent, the gate's misses" in search._report(summary)
+
+
+def test_a_search_the_embedded_model_mutates_says_one_number_of_mutations(tmp_path):
+    # the embedded mutator writes 2 rewrites a parent whatever the gate: no start-up line may say 6
+    import search_setup
+    path = tmp_path / "plain.py"
+    path.write_text(OWN_TASK)
+    said = []
+    args = parse_args(["--task", str(path), "--unsafe-no-sandbox"])
+    budget, gated = search_setup.choose_budget(args, "embedded", "embedded SmolLM2-135M (logits read-out)", False,
+                                               "cpu", said.append)
+    assert gated == search_setup.EMBEDDED_MUTATIONS and not any("mutations:" in line for line in said)
+    said.clear()
+    search_setup.choose_budget(parse_args(["--task", "cross_entropy"]), "catalog",
+                               "embedded SmolLM2-135M (logits read-out)", False, "cpu", said.append)
+    assert said[0].startswith(f"mutations: {search_setup.CPU_GATED_MUTATIONS} per parent with a gate")
+
+
+def test_the_expected_duration_follows_what_the_search_will_do_and_what_it_cost_here(monkeypatch):
+    # the start-up's estimate: the measurements the budget buys and the parents they need, each at
+    # what this machine took before (the cache's figures), else the idle VM's stretched by the load
+    import search_setup
+    from search_setup import Plan
+    monkeypatch.setattr(search_setup, "cpu_load_factor", lambda: 1.0)
+    args = search.with_protocol_defaults(parse_args(["--task", "cross_entropy", "--budget", "8"]))
+    args.scale, args.mutations = "cpu", 6
+
+    def plan(**kw):
+        base = dict(scale="cpu", budget=8, mutator=None, mutator_name="catalog", forecaster=None,
+                    forecaster_name="embedded SmolLM2-135M (logits read-out)", gated_mutations=6, measure_kwargs={},
+                    pool=None, costs={"measure_s": [], "forecast_s": [], "converted": True})
+        return Plan(**{**base, **kw})
+    idle, words = search_setup.expected_duration(args, plan())
+    # 8 measurements of 4 a parent: 2 parents, 12 forecasts; 9 measurements (the seed's too)
+    assert idle == pytest.approx(9 * 7 + 12 * 3 + 10)
+    assert "2 parents: 9 measurements at ~7 s (the idle VM's), 12 forecasts at ~3 s (the idle VM's)" in words
+    here, words = search_setup.expected_duration(args, plan(costs={"measure_s": [20, 30, 40], "forecast_s": [1.0],
+                                                                   "converted": False}))
+    assert here == pytest.approx(9 * 30 + 12 * 1 + 10 + 60) and "the median of 3 measurements of this task" in words
+    monkeypatch.setattr(search_setup, "cpu_load_factor", lambda: 2.0)
+    assert search_setup.expected_duration(args, plan())[0] == pytest.approx(2 * idle)
+    ungated = copy.copy(args)
+    ungated.gate, ungated.mutations = "none", 4
+    assert search_setup.expected_duration(ungated, plan(forecaster_name=""))[0] == pytest.approx(2 * 9 * 7)
+    llm = search_setup.expected_duration(args, plan(mutator_name="llm:some-model"))
+    assert llm[0] is None and "plus the LLM's mutations" in llm[1]
+    on_gpu = copy.copy(args)
+    on_gpu.scale = "benchmark"
+    assert search_setup.expected_duration(on_gpu, plan(scale="benchmark"))[0] is None  # nothing of this GPU known

@@ -486,6 +486,27 @@ def test_cli_trains_checkpoints_resumes_evaluates(tmp_path, tiny_model_dir, caps
     assert rec["parse_rate"] == 0.0 and rec["groups_kept"] == 0 and rec["reward"] == 0.0
 
 
+def test_into_a_file_the_command_says_its_expected_duration_then_where_it_is(tmp_path, tiny_model_dir, capfd,
+                                                                           monkeypatch):
+    # off a terminal (capfd: stderr is a file, as under nohup or in CI): no bar, the start-up's
+    # estimate from a forward timed here, then a progress line each interval with the steps done,
+    # the time left and what moves (GRPO's loss, ~0 by construction, is explained once, not shown)
+    monkeypatch.setenv("GPU_FORECASTERS_PROGRESS_S", "0.05")
+    data = kernel_rows(tmp_path / "rows.jsonl")
+    assert train_grpo.main(["--data", str(data), "--out", str(tmp_path / "run"), "--model", str(tiny_model_dir),
+                            "--answer-format", "votes", "--steps", "4", "--prompts-per-step", "1", "--group-size",
+                            "4", "--save-every", "100"]) == 0
+    err = capfd.readouterr().err
+    assert "\r" not in err and "\x1b[" not in err
+    lines = err.splitlines()
+    expected = next(x for x in lines if x.startswith("expected duration: about "))
+    assert "4 steps of 4 samples" in expected and "-token prompt" in expected
+    assert any(x.startswith("note: log.jsonl's loss is ~0") for x in lines)
+    progress = [x for x in lines if x.startswith("GRPO: ")]
+    assert progress and progress[-1].startswith("GRPO: 4 of 4 steps in ")
+    assert all(" of 4 steps, " in x and any(w in x for w in ("left", "finishing", "slower than")) for x in progress[:-1])
+
+
 def test_cli_with_a_server_logs_the_importance_weights(tmp_path, tiny_model_dir, capsys):
     from fake_openai_server import FakeOpenAIServer, text_completion
     tok = tiny_models.tiny_tokenizer()
