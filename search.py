@@ -187,11 +187,13 @@ class Args:
                                   "measurements then leave out when there are several")
     no_memory_check: bool = flag(False, "skip the start-up check that the LLM and the measure workers fit in "
                                  "the GPU's memory (its worker figure is an estimate)")
-    forecaster: str = flag("llm", "llm: a language model forecasts each child (a server, a local model, or the "
+    forecaster: str = flag("auto", "llm: a language model forecasts each child (a server, a local model, or the "
                            "embedded SmolLM2 on CPU); costmodel: a learned cost model (LightGBM trees on features "
                            "of the code, costmodel.py) refit on this search's own measured kernels before each "
-                           "forecast, deferring every child to measurement until it has --costmodel-min-labels",
-                           choices=("llm", "costmodel"))
+                           "forecast, deferring every child to measurement until it has --costmodel-min-labels; "
+                           "auto: llm, except on a CPU with no LLM named (--server, --model, --forecaster-model, "
+                           "--adapter), where the cost model forecasts in milliseconds and the embedded SmolLM2's "
+                           "forecasts would mean nothing and take seconds each", choices=("auto", "llm", "costmodel"))
     costmodel_min_labels: int = flag(5, "with --forecaster costmodel: measured kernels (the seed's included) before "
                                      "the cost model gates; until then every child is measured")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
@@ -200,6 +202,12 @@ class Args:
                                "it natively (AMX or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere (exact numbers)", choices=EMBEDDED_DTYPES)
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
                                choices=("benchmark", "cpu"), logged=True)
+    space: str = flag("auto", "the kernels the search writes: triton (tasks/kernels/<task>/, the GPU's kernels; a "
+                      "CPU runs them in Triton's interpreter, some 200x slower than PyTorch); cpu (tasks/kernels/"
+                      "<task>/cpu/: PyTorch rewrites, torch.compile, C++ built with load_inline, timed on one core, and "
+                      "the compiled form of any plain PyTorch kernel; the LLM mutator is asked for CPU code); all "
+                      "(both, on a CPU); auto: triton on a GPU, cpu without one",
+                      choices=("auto", "cpu", "triton", "all"), logged=True)
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
     devices: str = flag("all", "GPUs that measure, one candidate at a time each: all, or indices such as "
                           "0,1,3 (on a machine without a GPU: see --workers)")
@@ -299,6 +307,10 @@ class SearchStats:
     mutation_s: float = 0.0
     forecast_s: float = 0.0
     measurement_s: float = 0.0
+    # What the run's measurements cost when they were made (measure.py's wall_s, a build included;
+    # one from the cache or the log counts what it cost then), and of that, building the kernels.
+    measuring_cost_s: float = 0.0
+    build_s: float = 0.0
 
 
 @dataclass
@@ -398,6 +410,7 @@ class Search:
         self.stats.measurement_s += res["seconds"]
         m = res["measurement"]
         self._count_source(m, replayed)
+        self._count_cost(m)
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
                               f"check the seed of --task {self.args.task} with measure.py")
@@ -508,6 +521,7 @@ class Search:
             stats.measurement_s += res["seconds"]
             m = res["measurement"]
             self._count_source(m, sent.replayed)
+            self._count_cost(m)
             ok = m["status"] == "ok" and bool(m.get("speedup"))
             stats.speedups.append(m["speedup"] if ok else None)
             if sent.forecast is not None and ok and sent.forecast.probs is not None:  # a label for the gate
@@ -539,6 +553,12 @@ class Search:
         elif m.get("cached"):
             self.stats.from_cache += 1
 
+    def _count_cost(self, m):
+        """What a measurement cost when it was made, and its build (report.build_seconds)."""
+        from report import build_seconds  # the ledger's rule (report.py is imported lazily: plotly)
+        self.stats.measuring_cost_s += m.get("wall_s") or 0.0
+        self.stats.build_s += build_seconds(m) or 0.0
+
     def _row(self, node_id, code, m, pair_type):
         run = f"{tasks.task_label(self.args.task)}-{self.args.gate}-{self.args.seed}"
         self.rows.append(training_row(self.args.task, run, node_id, self.seed_code, code, m, pair_type))
@@ -560,6 +580,8 @@ class Search:
         self.log = EventLog(self.out / "events.jsonl")
         mine = json.loads(json.dumps(self.identity()))
         old = next((e["payload"] for e in self.log.events if e["kind"] == "config"), None)
+        if old is not None and "space" not in old:  # a log from before --space searched the Triton kernels
+            old = {**old, "space": "triton"}
         if old is None:
             self.log.append("config", None, "config", None, mine)
         else:
@@ -620,6 +642,8 @@ class Search:
             "best_vs_measurements": self.curve,
             "time_s": {"mutation": round(stats.mutation_s, 3), "forecast": round(stats.forecast_s, 3),
                        "measurement": round(stats.measurement_s, 3),
+                       # what the measurements cost when made (cached ones included), builds included
+                       "measuring_cost": round(stats.measuring_cost_s, 3), "build": round(stats.build_s, 3),
                        "this_run_wall": round(time.time() - t_start, 3)},
         }
 
@@ -680,7 +704,7 @@ def _progress(total, enabled):
 def run_one(args, gate, out, plan, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     args = with_protocol_defaults(replace(
-        args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name,
+        args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name, space=plan.space,
         mutations=args.mutations or plan.mutations or (4 if gate == "none" else plan.gated_mutations),
         forecast_reward=args.forecast_reward and gate != "none"))
     say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
@@ -732,6 +756,16 @@ def _report(s):
         now = total - s.get("from_log", 0) - s.get("from_cache", 0)
         lines.append(f"{total} measurements (the seed's included): " + ", ".join(filter(None, sources))
                      + f", {now} measured now")
+    t = s.get("time_s") or {}
+    if t.get("measuring_cost"):
+        each = t["measuring_cost"] / total
+        cost = (f"measuring cost {t['measuring_cost']:.0f} s, {each:.1f} s a measurement ({t['build']:.0f} s of it "
+                "building kernels; a measurement taken from the cache counts what it cost when made)")
+        if s["forecasts"] and t.get("forecast"):
+            per = t["forecast"] / s["forecasts"]
+            cost += (f"; forecasting {t['forecast']:.0f} s, {per:.2f} s a forecast: a measurement costs "
+                     f"{each / per:.0f} forecasts")
+        lines.append(cost)
     if s["measurements"] < s["budget"] and s["steps"] >= s["max_steps"]:
         lines.append(f"{s['budget'] - s['measurements']} of the budget's {s['budget']} measurements unused after the "
                      f"{s['steps']} steps of --steps: the mutator proposed too few new candidates (or the gate "
@@ -766,7 +800,7 @@ def main(argv=None):
             print(f"wrote {out / 'compare.png'}, {out / 'compare.json'} and {out / 'report.html'}")
         else:
             # a cost-model search gets a folder of its own: the same command with the LLM's is another run
-            arm = args.gate + ("-costmodel" if args.forecaster == "costmodel" else "")
+            arm = args.gate + ("-costmodel" if plan.online else "")
             out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{arm}-{args.seed}")
             summary = run_one(args, args.gate, out, plan)
             print(_report(summary))

@@ -265,7 +265,7 @@ def test_search_with_the_cost_model_refits_online_and_resumes_without_refitting(
     assert search.main(argv) == 0
     printed = capsys.readouterr().out
     assert "forecaster: learned cost model" in printed and "until it has 3 of them" in printed
-    assert "CPU times of interpreted kernels" in printed and "mutations: 16 per parent" in printed
+    assert "CPU times on one core, not GPU times" in printed and "mutations: 16 per parent" in printed
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     forecasts = [e for e in events if e["kind"] == "forecast"]
     assert all(v["deferred"] and v["probs"] is None for v in forecasts[0]["payload"]["forecasts"])
@@ -321,14 +321,14 @@ def test_search_with_the_cost_model_end_to_end_with_real_measurements(tmp_path, 
     import tasks
     catalog = tasks.variant_sources
     # plain-PyTorch kernels only (interpreted Triton would add ~10 s a kernel and test nothing more)
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"],
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {"torch_inplace": catalog(name)["torch_inplace"],
                                                                 "torch_chunked": TORCH_CHUNKED})
     import measure
     # Real measurements, timed as briefly as --quick times them: nothing here reads how precise a
     # speedup is (a full CPU timing costs ~3 s of CPU a measurement, both sides)
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "cm"
-    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--budget", "2",
+    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--budget", "2", "--space", "triton",
             "--measure-per-parent", "1", "--scale", "cpu", "--out", str(out), "--no-progress"]
     assert search.main(argv) == 0, capsys.readouterr().err
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]

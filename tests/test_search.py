@@ -27,13 +27,14 @@ from search_setup import Plan
 # ---- scripted collaborators ------------------------------------------------------------------
 
 class FakeMeasurement:
-    def __init__(self, status, speedup=None, message="", cases=None):
+    def __init__(self, status, speedup=None, message="", cases=None, **seconds):
         self.status, self.speedup, self.message = status, speedup, message
         self.cases = cases or []
+        self.seconds = seconds  # wall_s, import_s, check_s, build_s, as measure.py reports them
 
     def to_dict(self):
         return dict(status=self.status, speedup=self.speedup, cases=self.cases, message=self.message,
-                    device="FakeGPU", timer="fake")
+                    device="FakeGPU", timer="fake", **self.seconds)
 
 
 class BitMeasure:
@@ -292,7 +293,7 @@ def test_outputs_and_training_rows(tmp_path):
     assert (out / "best_kernel.py").read_text() == s.archive.best().code
     saved = json.loads((out / "summary.json").read_text())
     assert saved["best_speedup"] == summary["best_speedup"] == max(r["aggregated_speedup"] for r in rows)
-    assert set(saved["time_s"]) == {"mutation", "forecast", "measurement", "this_run_wall"}
+    assert set(saved["time_s"]) == {"mutation", "forecast", "measurement", "measuring_cost", "build", "this_run_wall"}
     curve = saved["best_vs_measurements"]
     assert curve[0][0] == 0 and curve[-1][0] == 6 and all(a[1] <= b[1] for a, b in zip(curve, curve[1:]))
 
@@ -463,13 +464,13 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     import tasks
     catalog = tasks.variant_sources
     # The catalog's plain-PyTorch variant only: interpreted Triton would add ~15 s and test nothing more.
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"]})
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {"torch_inplace": catalog(name)["torch_inplace"]})
     import measure
     # A real measurement, timed as briefly as --quick times it: nothing here reads how precise the
     # seed's speedup is (a full CPU timing costs ~3 s of CPU, both sides)
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "ce"
-    argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1",
+    argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1", "--space", "triton",
             "--scale", "cpu", "--out", str(out), "--no-progress"]  # the scale pinned: a GPU machine defaults to benchmark
     rc = search.main(argv)
     captured = capsys.readouterr()
@@ -497,10 +498,33 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     assert (again["measurements"], again["best_speedup"]) == (1, summary["best_speedup"])
 
 
+def test_the_summary_counts_what_measuring_cost_builds_included_and_what_forecasting_cost(tmp_path):
+    """Issue 43: a measurement's cost is its wall_s when it was made (a cached one's included), and
+    its build is measure.py's build_s, or in an older record its import and correctness seconds."""
+    costs = iter([dict(wall_s=10.0, import_s=1.0, check_s=2.0)]  # the seed: no build_s, 3 s of build
+                 + [dict(wall_s=40.0, import_s=1.0, check_s=30.0, build_s=25.0)] * 20)
+
+    def measure_fn(task, source, **kw):
+        return FakeMeasurement("ok", 1.0 + source.count("1"), **next(costs))
+
+    class SlowForecaster(ScriptedForecaster):  # a forecast that takes time, as a real one does
+        def forecast_many(self, task, reference_code, codes):
+            time.sleep(0.01 * len(codes))
+            return super().forecast_many(task, reference_code, codes)
+    s, summary, _ = run(tmp_path, budget=3, gate="topk", forecaster=SlowForecaster(ones_forecast), measure=measure_fn)
+    t = summary["time_s"]
+    assert t["measuring_cost"] == 10.0 + 3 * 40.0 and t["build"] == 3.0 + 3 * 25.0
+    closing = search._report(summary)
+    assert f"measuring cost 130 s, {130 / 4:.1f} s a measurement (78 s of it building kernels" in closing
+    per = t["forecast"] / summary["forecasts"]
+    assert f"a measurement costs {130 / 4 / per:.0f} forecasts" in closing
+
+
 def test_main_command_measures_on_two_cpu_workers_at_once(tmp_path, capsys, monkeypatch):
     import tasks
     monkeypatch.setattr(tasks, "seed_source", lambda name: "00000000\n")
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {f"v{i}": "0" * i + "1" * (8 - i) + "\n" for i in range(8)})
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {f"v{i}": "0" * i + "1" * (8 - i) + "\n"
+                                                                                for i in range(8)})
     monkeypatch.setattr("measure.measure", SlowBitMeasure())
     out = tmp_path / "two"
     rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "6",
@@ -545,8 +569,8 @@ def test_the_embedded_forecaster_gets_the_dtype_asked_for(tmp_path, monkeypatch)
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
     for dtype in ("float32", None):
         FakeEmbeddedBackend.kwargs = None
-        argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "1",
-                "--out", str(tmp_path / str(dtype)), "--no-progress"] + (["--embedded-dtype", dtype] if dtype else [])
+        argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "1", "--forecaster",
+                "llm", "--out", str(tmp_path / str(dtype)), "--no-progress"] + (["--embedded-dtype", dtype] if dtype else [])
         assert search.main(argv) == 0
         assert FakeEmbeddedBackend.kwargs == {"dtype": dtype or "auto"}
 
@@ -562,7 +586,7 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
     out = tmp_path / "gated"
     argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "2",
-            "--out", str(out), "--no-progress"]
+            "--forecaster", "llm", "--out", str(out), "--no-progress"]
     assert search.main(argv) == 0
     printed = capsys.readouterr().out
     assert "forecaster: embedded SmolLM2-135M (logits read-out)" in printed
