@@ -205,6 +205,8 @@ def test_every_tuning_of_the_fused_cpp_kernel_is_correct(tmp_path, monkeypatch):
     source = tasks.variant_sources("cross_entropy", "cpu")["cpu/cpp_fused"]
     marks = tunables(source)
     for values in itertools.product(*(choices for _, choices in marks.values())):
+        if list(values) == [value for value, _ in marks.values()]:
+            continue  # the file as it is: checked above, and an op registered twice in one process crashes it
         tuned = source
         for name, v in zip(marks, values):
             tuned = set_tunable(tuned, name, v)

@@ -371,3 +371,31 @@ def test_the_start_up_says_what_the_shared_cache_holds_for_this_run(tmp_path, mo
                                 "measured faster; within the measurement's noise of 1.0, +-14.0% at two standard errors)")
     assert report[1] == "11 measurements (the seed's included): 8 from the cache (--no-cache measures them again), " \
                         "3 measured now"
+
+
+def test_the_kernel_space_is_the_cpus_own_without_a_gpu_and_the_start_up_line_says_how_to_choose():
+    # issue 43: a CPU search does not spend its budget on Triton's interpreter by default; a GPU's
+    # search is as it was; CPU kernels are refused where the measurements run on a GPU
+    from search_setup import SetupError, choose_space
+    said = []
+    assert choose_space(parse_args(["--task", "cross_entropy"]), False, said.append) == "cpu"
+    assert said[-1].startswith("kernel space: cpu (tasks/kernels/cross_entropy/cpu/") and "--space triton" in said[-1]
+    assert choose_space(parse_args(["--task", "cross_entropy"]), True, said.append) == "triton"
+    assert said[-1] == "kernel space: triton (tasks/kernels/cross_entropy/: the GPU's kernels)"
+    assert choose_space(parse_args(["--task", "cross_entropy", "--space", "triton"]), False, said.append) == "triton"
+    assert "Triton's interpreter runs them" in said[-1] and "--space cpu" in said[-1]
+    assert choose_space(parse_args(["--task", "cross_entropy", "--space", "all"]), False, said.append) == "all"
+    for space in ("cpu", "all"):
+        with pytest.raises(SetupError, match=f"--space {space} searches CPU kernels"):
+            choose_space(parse_args(["--task", "cross_entropy", "--space", space]), True, said.append)
+
+
+def test_the_cost_model_forecasts_on_a_cpu_unless_an_llm_is_named():
+    from search_setup import forecasts_with_costmodel
+    cpu = lambda *flags: forecasts_with_costmodel(parse_args(["--task", "cross_entropy", *flags]), "cpu")  # noqa: E731
+    assert cpu() and cpu("--forecaster", "costmodel")
+    assert not cpu("--forecaster", "llm")  # the embedded SmolLM2, asked for
+    for named in (["--server", "http://localhost:8000/v1"], ["--model", "m"], ["--forecaster-model", "m"],
+                  ["--readout", "verbalized"], ["--abstain"]):
+        assert not cpu(*named), named
+    assert not forecasts_with_costmodel(parse_args(["--task", "cross_entropy"]), "benchmark")  # a GPU: as it was

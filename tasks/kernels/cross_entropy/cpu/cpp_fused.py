@@ -19,8 +19,15 @@ What makes it fast on a CPU is that every inner loop vectorises, which takes thr
   - -fno-trapping-math, a promise that nothing reads the floating-point exception flags, without
     which GCC keeps the float-to-int conversion of exp's exponent scalar, and with it the whole
     loop; it changes no result (TRAPPING_MATH = 1 drops the promise).
-VEC_BITS is the vector width the compiler prefers: 512 bits is 16 floats an instruction on an
-AVX-512 machine; 256 avoids the lower clock some CPUs run 512-bit code at.
+
+The build is the tuning (`# tune:` constants, which the search edits; the file holds a
+conservative start, what one writes before knowing the machine): OPT is the optimisation level
+(-O1 does not vectorise; -O2 does, with GCC's cheap cost model; -O3 also unrolls and versions
+loops); NATIVE = 1 compiles for this CPU (-march=native: AVX-512 where it has it), NATIVE = 0 for
+any x86-64 (SSE2, without the rounding instruction exp's floor needs in a vector: its loop stays
+scalar); VEC_BITS is the vector width the compiler prefers (128 is SSE's, safe everywhere; 512
+bits is 16 floats an instruction on an AVX-512 machine; 256 avoids the lower clock some CPUs run
+512-bit code at).
 
 The op is registered through PyTorch's stable C++ ABI (torch/csrc/stable), whose headers build in
 about two seconds, where `#include <torch/extension.h>` takes about thirty: the build is part of a
@@ -31,8 +38,10 @@ import hashlib
 import torch
 from torch.utils.cpp_extension import load_inline
 
-SCRATCH = 1  # tune: 0, 1
-VEC_BITS = 512  # tune: 128, 256, 512
+SCRATCH = 0  # tune: 0, 1
+OPT = 2  # tune: 1, 2, 3
+NATIVE = 1  # tune: 0, 1
+VEC_BITS = 128  # tune: 128, 256, 512
 SIMD = 1  # tune: 0, 1
 TRAPPING_MATH = 0  # tune: 0, 1
 
@@ -121,7 +130,7 @@ def _build():
     source = SOURCE.replace("SCRATCH", str(SCRATCH))
     for mark, pragma in simd.items():
         source = source.replace(f"#pragma {mark}", f"#pragma {pragma}" if SIMD else "")
-    flags = (["-O3", "-march=native", f"-mprefer-vector-width={VEC_BITS}"]
+    flags = ([f"-O{OPT}", f"-mprefer-vector-width={VEC_BITS}"] + ["-march=native"] * NATIVE
              + ["-fopenmp-simd"] * SIMD + ["-fno-trapping-math"] * (1 - TRAPPING_MATH))
     name = "ce_" + hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
     load_inline(name, cpp_sources=source.replace("NAMESPACE", name), no_implicit_headers=True,
