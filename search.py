@@ -58,8 +58,10 @@ Decisions this file documents:
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
   - In topk ranking, parse failures come after every parsed forecast, and deferrals (the abstain
-    variant's: the model declined to forecast) between the two; the confidence gate measures a
-    deferral as it measures any forecast it defers.
+    variant's: the model declined to forecast; the cost model's before it has labels) between the
+    two; the confidence gate measures a deferral as it measures any forecast it defers. A child a
+    gate cut while its forecast was a deferral was cut unjudged: it is forgotten (no longer "code
+    proposed before"), so a mutator may propose it again once the forecaster has learnt.
   - --protocol paper is the original's search (docs/FIDELITY.md): the forecaster's paper prompt and
     one retry of a forecast that does not parse, 4 children per parent kept in the archive, and
     exactly --budget (320) measurements: the step count never cuts the budget short (the first
@@ -469,6 +471,13 @@ class Search:
             **({"labels": len(self.labels)} if self.args.gate == "confidence" else {}),
             **({"audit": [cands[j][0] for j in audited], "audit_fraction": self.args.audit} if self.args.audit else {})})
         self.audit([cands[j] for j in audited], step, parent)
+        for j, why in skipped.items():
+            # A child cut while its forecast was a deferral (the cost model before its first labels,
+            # or the abstain tool) was cut unjudged, by the order of proposal: forget it, so that a
+            # later mutation may propose it again to a forecaster that has learnt since. (Without
+            # this, a finite catalog loses for good whatever a cold gate happened to cut.)
+            if why != "budget spent" and forecasts[j].deferred:
+                self.seen.discard(cands[j][1].strip())
         return chosen, trusted
 
     def audited(self, cid):

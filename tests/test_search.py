@@ -13,6 +13,7 @@ import math
 import random
 import threading
 import time
+import types
 
 import pytest
 from test_mutators import RecordingBackend
@@ -496,6 +497,34 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     assert (out / "events.jsonl").read_text() == log  # no new request, result or derived event
     again = json.loads((out / "summary.json").read_text())
     assert (again["measurements"], again["best_speedup"]) == (1, summary["best_speedup"])
+
+
+def test_a_child_cut_unjudged_by_a_cold_forecaster_can_come_back_and_be_measured(tmp_path):
+    """Issue 43: the online cost model defers every child until it has labels, and topk then cuts
+    by the order of proposal. A finite catalog would lose the cut children for good (proposed
+    once, never again); a child cut while its forecast was a deferral is forgotten instead, so a
+    later mutation proposes it again and the gate, with a forecaster that has learnt, judges it."""
+    pool = ["10000000\n", "01000000\n", "11000000\n", "11100000\n", "11110000\n", "11111000\n"]
+
+    class FiniteCatalog:
+        name = "finite"
+
+        def propose(self, parent, n, seen, key):
+            return [{"code": c, "error": None, "meta": {}} for c in pool if c.strip() not in seen][:n]
+
+    class ColdForecaster(ScriptedForecaster):  # defers everything at first, as the cost model does
+        def forecast_many(self, task, reference_code, codes):
+            self.calls += 1
+            if self.calls == 1:
+                return [types.SimpleNamespace(probs=None, parse_failed=False, deferred=True, to_dict=dict)
+                        for _ in codes]
+            return [FakeForecast(self.script(code)) for code in codes]
+    measure = BitMeasure()
+    _, summary, _ = run(tmp_path, budget=4, gate="topk", mutations=6, measure_per_parent=2, parents=1,
+                        forecaster=ColdForecaster(ones_forecast), mutator=FiniteCatalog(), measure=measure)
+    assert measure.calls[1:3] == pool[:2]  # the cold step: the first two, by the order of proposal
+    assert measure.calls[3:] == ["11111000\n", "11110000\n"]  # cut then, proposed again, ranked first now
+    assert summary["best_speedup"] == 6.0
 
 
 def test_the_summary_counts_what_measuring_cost_builds_included_and_what_forecasting_cost(tmp_path):
