@@ -198,6 +198,10 @@ class Args:
                            "forecasts would mean nothing and take seconds each", choices=("auto", "llm", "costmodel"))
     costmodel_min_labels: int = flag(5, "with --forecaster costmodel: measured kernels (the seed's included) before "
                                      "the cost model gates; until then every child is measured")
+    costmodel_rows: str | None = flag(None, "with the cost model: rows measured before that it starts from (comma-"
+                                      "separated training rows, e.g. earlier searches' training_rows.jsonl, or "
+                                      "hf:OWNER/NAME); its first forecasts come from them, then the search's own "
+                                      "measurements join them", logged=True, metavar="ROWS")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
                                  "verbalized", choices=("verbalized", "logits"))
     embedded_dtype: str = flag("auto", "dtype of the embedded CPU forecaster; auto: bfloat16 on CPUs that compute "

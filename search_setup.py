@@ -123,6 +123,10 @@ def plan_search(args, say=print):
     space = choose_space(args, has_gpu, say)
     gated = args.gate != "none" or args.compare
     costmodel = gated and forecasts_with_costmodel(args, scale)
+    if args.costmodel_rows and not costmodel:
+        raise SetupError("--costmodel-rows are the cost model's starting rows, and this search's forecaster is "
+                         + ("none (--gate none)" if not gated else "an LLM") + "; drop it, or pass --forecaster costmodel"
+                         + (" with a gate" if not gated else ""))
     llm = choose_llm(args, gated, costmodel)
     mutator, mutator_name = choose_mutator(args, llm, say, space)
     forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say, space)
@@ -213,6 +217,8 @@ def forecasts_with_costmodel(args, scale):
     in milliseconds from the search's own measurements (Ansor's loop)."""
     if args.forecaster != "auto":
         return args.forecaster == "costmodel"
+    if args.costmodel_rows:
+        return True
     named = [args.server, args.model, args.forecaster_model, args.adapter, args.readout, args.abstain]
     return scale == "cpu" and not any(named)
 
@@ -341,13 +347,15 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say, space="triton"):
     if costmodel:
         # cheap to build (no model until it has labels), so not lazy: the search hands it its rows
         n = args.costmodel_min_labels
+        prior = costmodel_prior(args.costmodel_rows)
         forecaster = CostModelForecaster(hardware=hardware, online=True, min_labels=n, seed=args.seed,
-                                         name="costmodel (online)")
+                                         name="costmodel (online)", prior=prior)
         say(f"forecaster: learned cost model (LightGBM trees on features of the code), refit on this search's "
             f"measured kernels before each forecast; until it has {n} of them (the seed's included) it defers "
             "every child to measurement (--costmodel-min-labels)"
             + ("" if scale != "cpu" else "; its labels are CPU times of interpreted Triton kernels, not GPU times"
                if space == "triton" else "; its labels are CPU times on one core, not GPU times")
+            + (f"; it starts from {len(prior)} earlier rows ({args.costmodel_rows})" if prior else "")
             + ("" if args.forecaster == "costmodel" else ". Chosen because no LLM is named on this CPU: a forecast "
                "takes milliseconds, where the embedded SmolLM2's take seconds and mean nothing (--forecaster llm "
                "for them; --server URL for a real LLM)"))
@@ -381,6 +389,26 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say, space="triton"):
         ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
         "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
     return forecaster, forecaster_name
+
+
+def costmodel_prior(paths):
+    """The rows the online cost model starts from (--costmodel-rows: comma-separated row files or
+    hf: names), or []; a path that cannot be read is a SetupError naming it."""
+    if not paths:
+        return []
+    from data.dataset import load_rows
+    from data.records import RecordError
+    from forecast_prompt import row_hardware
+    rows = []
+    for path in filter(None, paths.split(",")):
+        try:
+            read = load_rows(path)
+            for r in read:  # each row is shown its own hardware: one without a profile fails now, not mid-search
+                row_hardware(r, None)
+        except (OSError, RecordError, ValueError) as e:
+            raise SetupError(f"--costmodel-rows {path}: {str(e).splitlines()[0][:300]}") from None
+        rows += read
+    return rows
 
 
 def choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say):

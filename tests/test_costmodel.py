@@ -246,6 +246,37 @@ def test_the_online_model_defers_until_it_has_enough_labels_then_refits_only_on_
     assert fc.refits == 2
 
 
+def test_the_online_model_with_earlier_rows_forecasts_from_the_first_child_and_adds_the_searchs(tmp_path):
+    """--costmodel-rows: the rows measured before are fit on before the first forecast (nothing is
+    deferred), and the search's own rows join them at each refit."""
+    rows = load_rows(synthetic_rows(tmp_path / "r.jsonl", 12, seed=0, hardware="cpu (x86_64, 2 cores)"))
+    fc = CostModelForecaster(hardware={"name": "CPU"}, online=True, min_labels=4, prior=rows[:8])
+    f = fc.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0]
+    assert not f.deferred and len(f.probs) == 8 and fc.refits == 1
+    assert "fit on 0 measured kernels and 8 earlier rows" in f.reasoning
+    fc.learn(rows[8:10])
+    f = fc.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0]
+    assert fc.refits == 2 and "fit on 2 measured kernels and 8 earlier rows" in f.reasoning
+    cold = CostModelForecaster(hardware={"name": "CPU"}, online=True, min_labels=4, prior=rows[:2])
+    assert cold.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0].deferred
+
+
+def test_search_refuses_costmodel_rows_without_the_cost_model(tmp_path, capsys):
+    rows = synthetic_rows(tmp_path / "r.jsonl", 4, seed=0, hardware="cpu (x86_64, 2 cores)")
+    for flags in (["--forecaster", "llm"], ["--gate", "none"]):
+        assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(rows), "--out", str(tmp_path / "x"),
+                            "--no-progress", *flags]) == 2
+        _one_line_error(capsys, "--costmodel-rows")
+    assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(tmp_path / "missing.jsonl"),
+                        "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    _one_line_error(capsys, "--costmodel-rows", "missing.jsonl")
+    odd = synthetic_rows(tmp_path / "odd.jsonl", 4, seed=0, hardware="FakeGPU")  # no profile: refused at start-up
+    assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(odd), "--out", str(tmp_path / "x"),
+                        "--no-progress"]) == 2
+    _one_line_error(capsys, "--costmodel-rows", "unknown hardware 'FakeGPU'")
+    assert not (tmp_path / "x").exists()
+
+
 def _scripted_measure(task, src, **kw):
     """Speedup from the code: Triton kernels 1.5x, larger BLOCK_V faster (0.4 octave per doubling)."""
     from mutators import tunables
