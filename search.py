@@ -29,10 +29,12 @@ Then every step of the search runs these phases, in this order (Search.run):
      is logged and the run's outputs are rewritten.
 
 Defaults that run anywhere (search_setup.plan_search picks them and says so at start-up): with no GPU and
-no model weights the plain command uses the offline catalog mutator (or, for a task with nothing
-in the catalog, the embedded SmolLM2's rewrites, which almost never compile), the embedded SmolLM2
-forecaster (logits read-out; its forecasts carry no information), CPU-scale measurement and a
-budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
+no model weights the plain command searches the CPU's own kernels (--space cpu: C++ built with
+load_inline, torch.compile, PyTorch rewrites, each timed on one core, its build part of its
+measurement) with the offline catalog mutator (or, for a task with nothing in the catalog, the
+embedded SmolLM2's rewrites, which almost never compile), gated by the learned cost model (online,
+milliseconds a forecast; --forecaster llm for the embedded SmolLM2, whose forecasts carry no
+information), CPU-scale measurement and a budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
 the paper's search: an LLM mutator, benchmark-scale measurement, 40 steps x 2 parents, 320
 measurements.
 
