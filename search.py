@@ -219,7 +219,7 @@ class Args:
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
     devices: str = flag("all", "GPUs that measure, one candidate at a time each: all, or indices such as "
                           "0,1,3 (on a machine without a GPU: see --workers)")
-    workers: int | None = flag(None, "measurements at once: on CPU N interpreter workers (default 1; their "
+    workers: int | None = flag(None, "measurements at once: on CPU N measure workers (default 1; their "
                                  "CPU timings disturb each other), on a GPU machine the first N of --devices")
     ray: str | None = flag(None, "measure on a Ray cluster instead, one task per measurement asking for a GPU "
                              "(on CPU a share of the CPUs, --workers at once, default one per CPU): auto joins the cluster this machine belongs to (`ray start`), "
