@@ -329,6 +329,9 @@ class Args:
     model: str | None = flag(None, "local transformers model for the mutator", group=FILLING)
     scale: str | None = flag(None, "measurement scale of the fill searches (search.py's default if unset)",
                              choices=("benchmark", "cpu"), group=FILLING)
+    space: str | None = flag(None, "the kernels the fill searches write (search.py's --space: triton, cpu or all; "
+                             "its default if unset: the CPU's own kernels on a CPU)", choices=("cpu", "triton", "all"),
+                             group=FILLING)
     timeout: float | None = flag(None, "seconds per measurement", group=FILLING)
     kernelbench_dir: str | None = flag(None, "a KernelBench checkout, for searches whose --task was "
                                        "kernelbench:LEVEL/NAME (search.py's flag of the same name)", group=FILLING)
@@ -360,7 +363,7 @@ def search_fill(args):
     def fill(task, target_bin, folder):
         argv = ["--task", task, "--gate", "none", "--target-bin", str(target_bin), "--seed", str(args.seed),
                 "--mutator", args.mutator, "--out", str(folder), "--no-progress"]
-        for name in ("server", "model", "scale", "timeout", "kernelbench_dir"):
+        for name in ("server", "model", "scale", "space", "timeout", "kernelbench_dir"):
             if getattr(args, name) is not None:
                 argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         if args.fill_budget is not None:

@@ -21,8 +21,16 @@ The abstain variant (abstain=True, both protocols) offers a second tool, `defer_
 the model may decline to forecast, with a reason, and the candidate goes to the real evaluator.
 
 The hardware table comes from the row being forecast (its `hardware` field: row_hardware), a
-named profile, or the local GPU for a candidate measured on this machine (hardware_info).
+named profile, or the local GPU for a candidate measured on this machine (hardware_info). The paper
+conditions the forecast on the GPU; a kernel timed on a CPU is shown the CPU instead, with rows of
+its own (CPU_ROWS): its model, how it is timed (one core), its vector instructions and caches
+(cpu_profile, read from this machine), since that is what decides whether a C++ loop, inductor's
+code or a PyTorch rewrite is fast there.
 """
+import glob
+import os
+import platform
+
 import bins
 from paper_protocol import PROTOCOLS
 
@@ -56,8 +64,9 @@ def _check_protocol(protocol):
 
 # Datasheet values. a100-80gb is the paper's (docs/PAPER.md §3); l40s the original's numbers for
 # it; memory clocks as nvidia-smi reports them, in GHz. `match`: what a device name must contain
-# (upper case, letters and digits only) to be that profile. cpu: rows measured on a CPU (Triton's
-# interpreter, CPU times) show the model that they were, not a GPU they never ran on.
+# (upper case, letters and digits only) to be that profile. cpu: rows measured on a CPU whose model
+# the row does not record show the model that they were CPU times, not a GPU they never ran on; a
+# search on this machine shows its own CPU (cpu_profile).
 HARDWARE_PROFILES = {
     "a100-80gb": dict(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_gb=80,
                       sm_count=108, max_threads_per_sm=2048, clock_ghz=1.41, memory_clock_ghz=1.512,
@@ -71,15 +80,65 @@ HARDWARE_PROFILES = {
     "l40s": dict(name="NVIDIA L40S", compute_capability="8.9", memory_gb=44.5, sm_count=142,
                  max_threads_per_sm=1536, clock_ghz=2.52, memory_clock_ghz=9.0,
                  memory_bus_width_bits=384),
-    "cpu": dict(name="CPU (Triton interpreter; CPU times, not GPU times)", compute_capability="n/a",
-                memory_gb="n/a", sm_count="n/a", max_threads_per_sm="n/a", clock_ghz="n/a",
-                memory_clock_ghz="n/a", memory_bus_width_bits="n/a"),
+    "cpu": dict(name="CPU (model not recorded; CPU times, not GPU times)", timed_on=None, vector_isa="not recorded",
+                caches="not recorded", memory_gb="not recorded"),
 }
+CPU_TIMED_ON = ("one core, single-threaded: the CPU time of every thread counts, so threads do not help; "
+                "Triton kernels run in Triton's interpreter there, far slower than PyTorch")
+HARDWARE_PROFILES["cpu"]["timed_on"] = CPU_TIMED_ON
 _MATCH = {"a100-80gb": "A100", "h100": "H100", "h200": "H200", "l40s": "L40S", "cpu": "CPU"}
 HARDWARE_ROWS = (("name", "device"), ("compute_capability", "compute capability"),
                  ("memory_gb", "memory (GB)"), ("sm_count", "SMs"),
                  ("max_threads_per_sm", "max threads per SM"), ("clock_ghz", "clock (GHz)"),
                  ("memory_clock_ghz", "memory clock (GHz)"), ("memory_bus_width_bits", "memory bus width (bits)"))
+CPU_ROWS = (("name", "device"), ("timed_on", "timed on"), ("vector_isa", "vector instructions"),
+            ("caches", "caches"), ("memory_gb", "memory (GB)"))
+# The vector extensions that decide how wide a CPU loop runs, as /proc/cpuinfo's flags name them.
+CPU_ISA = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"), ("avx2", "AVX2"),
+           ("fma", "FMA"), ("avx", "AVX"), ("sse4_2", "SSE4.2"), ("asimd", "NEON"), ("sve", "SVE"))
+
+
+def is_cpu(hardware):
+    """Whether a hardware profile is a CPU's (its name starts with CPU)."""
+    return str((hardware or {}).get("name", "")).upper().startswith("CPU")
+
+
+def cpu_profile():
+    """This machine's CPU as a hardware profile: its model and vector extensions (/proc/cpuinfo;
+    the platform's name elsewhere), its caches per level (sysfs), its memory."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model", "cpu model") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or "unknown"
+    caches = []
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            level = open(f"{index}/level").read().strip()
+            kind = open(f"{index}/type").read().strip()
+            size = open(f"{index}/size").read().strip()
+        except OSError:
+            continue
+        if kind != "Instruction":
+            kb = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[:-1].isdigit() else None
+            size = size if kb is None else f"{kb // 1024} MB" if kb >= 1024 and kb % 1024 == 0 else f"{kb} KB"
+            caches.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
+    try:
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    except (ValueError, OSError, AttributeError):
+        memory = "unknown"
+    return dict(name=f"CPU: {model} ({platform.machine()})", timed_on=CPU_TIMED_ON,
+                vector_isa=", ".join(name for flag, name in CPU_ISA if flag in flags) or "none found",
+                caches=", ".join(caches) or "unknown", memory_gb=memory)
+
 
 
 def hardware_profile(hardware):
@@ -107,11 +166,13 @@ def row_hardware(row, default):
 
 
 def hardware_info(profile=None):
-    """The hardware of a candidate measured here: a named profile, else the local GPU, else the
-    paper's A100.
+    """The hardware of a candidate measured here: a named profile ("cpu": this machine's CPU,
+    cpu_profile), else the local GPU, else the paper's A100.
 
     torch reports clocks and bus width only in recent versions; missing values are taken from the
     profile whose name matches the device, or left as "unknown"."""
+    if profile == "cpu":
+        return cpu_profile()
     if profile is not None:
         if profile not in HARDWARE_PROFILES:
             raise ValueError(f"unknown hardware profile {profile!r}; choose one of: {', '.join(HARDWARE_PROFILES)}")
@@ -138,7 +199,7 @@ def hardware_info(profile=None):
 
 def hardware_table(hardware):
     rows = ["| property | value |", "|---|---|"]
-    rows += [f"| {label} | {hardware.get(key, 'unknown')} |" for key, label in HARDWARE_ROWS]
+    rows += [f"| {label} | {hardware.get(key, 'unknown')} |" for key, label in (CPU_ROWS if is_cpu(hardware) else HARDWARE_ROWS)]
     return "\n".join(rows)
 
 
@@ -172,16 +233,29 @@ FACTORS = ("total work (FLOPs) and operator fusion", "memory access patterns and
            "data types and use of tensor cores")
 
 
+# What decides a kernel's speed on one CPU core, in place of FACTORS, where the hardware is a CPU.
+CPU_FACTORS = ("passes over memory, and whether a row's working set stays in the L1/L2 cache",
+               "vectorisation: whether the inner loops use the CPU's vector instructions (a call such as libm's "
+               "exp in a loop, or strict floating-point reductions, keep a loop scalar)",
+               "operator fusion (torch.compile, one hand-written loop) versus one PyTorch operator per step",
+               "the fixed cost of each operator call (dispatch, allocation), large beside small shapes",
+               "arithmetic intensity (compute- vs memory-bound) and the cost of transcendental functions",
+               "Triton kernels, which run in Triton's interpreter on a CPU, far slower than PyTorch")
+
+
 def _abstain_section():
     return (f"\n\nIf the code does not let you forecast the speedup with reasonable confidence, call "
             f"{DEFER_TOOL_NAME} instead, with a 1-2 sentence reason: the candidate is then measured on "
             "the real GPU. Call exactly one of the two tools.")
 
 
-def system_prompt(protocol="ours", abstain=False):
+def system_prompt(protocol="ours", abstain=False, hardware=None):
+    """The system message. Under `ours`, a CPU's hardware profile (is_cpu) makes it a CPU's: the
+    model is told the kernels run on a CPU and given CPU_FACTORS; `paper` is the original's always."""
     _check_protocol(protocol)
     fields = ", ".join(prob_fields(protocol))
-    factors = "\n".join(f"- {f}" for f in FACTORS)
+    cpu = protocol != "paper" and is_cpu(hardware)
+    factors = "\n".join(f"- {f}" for f in (CPU_FACTORS if cpu else FACTORS))
     if protocol == "paper":
         text = f"""You are a GPU execution simulator. Given a reference kernel and a candidate kernel for the same operation, forecast how fast the candidate runs compared with the reference on the given hardware, without running either.
 
@@ -197,7 +271,8 @@ Analyse, for both kernels:
 Call the tool {TOOL_NAME} exactly once with: predicted_bin (1 to {bins.N_BINS}); the {bins.N_BINS} probabilities {fields}; and reasoning, 1 to 3 sentences."""
     else:
         edges = ", ".join(_edge(e) for e in bins.BIN_EDGES)
-        text = f"""You are a GPU execution simulator. You are shown a reference GPU kernel and a candidate kernel that computes the same task, and you forecast how fast the candidate runs compared with the reference, without running either.
+        device = "CPU" if cpu else "GPU"
+        text = f"""You are a {device} execution simulator. You are shown a reference {device} kernel and a candidate kernel that computes the same task, and you forecast how fast the candidate runs compared with the reference, without running either.
 
 Speedup S = reference runtime / candidate runtime. S > 1 means the candidate is faster. S falls into one of {bins.N_BINS} bins, half an octave wide, each lower edge inclusive (edges at S = {edges}):
 
@@ -246,7 +321,7 @@ def build_messages(task, reference_code, candidate_code, hardware=None, *, proto
     (row_hardware, hardware_info; default: hardware_info())."""
     hardware = hardware_info() if hardware is None else hardware
     shared, candidate = _user_parts(task, reference_code, candidate_code, hardware, protocol)
-    return [{"role": "system", "content": system_prompt(protocol, abstain)},
+    return [{"role": "system", "content": system_prompt(protocol, abstain, hardware)},
             {"role": "user", "content": shared + candidate}]
 
 
@@ -256,7 +331,7 @@ def shared_messages(task, reference_code, hardware=None, *, protocol="ours", abs
     compute once (rendering closes the cut message, so only the common tokens are reused)."""
     hardware = hardware_info() if hardware is None else hardware
     shared, _ = _user_parts(task, reference_code, "", hardware, protocol)
-    return [{"role": "system", "content": system_prompt(protocol, abstain)}, {"role": "user", "content": shared}]
+    return [{"role": "system", "content": system_prompt(protocol, abstain, hardware)}, {"role": "user", "content": shared}]
 
 
 # ---- the answer tools (OpenAI `tools` format; the harmony developer message renders the same) ----

@@ -9,8 +9,16 @@ A proposal with `code=None` is a failed mutation: logged with its error, never m
   local GPT-OSS, a vLLM/SGLang server) is prompted with the task, the rules, the parent's code and
   its measured feedback; the child is the last ```python block of the reply.
 - CatalogMutator: an offline stand-in that needs no LLM, so the whole search runs anywhere. It
-  proposes the task's hand-written variants (tasks/kernels/<task>/), then edits of the parent's
-  `# tune:` constants (block sizes, num_warps, num_stages), one constant at a time.
+  proposes the task's hand-written variants (tasks/kernels/<task>/, or on a CPU
+  tasks/kernels/<task>/cpu/), then edits of the parent's `# tune:` constants (block sizes,
+  num_warps, num_stages; on a CPU chunk sizes, vector widths, compiler flags), one constant at a
+  time. On a CPU it also proposes the parent's compiled form when the parent is plain PyTorch
+  (compile_form: the kernel wrapped in torch.compile, inductor's choices as `# tune:` constants),
+  so that any op written in PyTorch, a user's task file or a KernelBench problem among them, has
+  real mutations without an LLM.
+
+The LLM is told what runs where: on a GPU it is asked for Triton; where the kernels are timed on a
+CPU (search.py --space cpu) it is asked for CPU code and told the CPU's model (cpu_rules).
 
 A goal-conditioned search (search.py --target-bin B, which eval_set.py runs to fill a bin of its
 eval set) asks the LLM for a kernel whose speedup lands *inside bin B's band*, not for the fastest
@@ -37,7 +45,29 @@ Rules:
 - Write the kernel in Triton (PyTorch for glue only).
 - Start the module with a short docstring describing the algorithm."""
 
+CPU_MUTATION_RULES = """You are an expert CPU performance engineer. Rewrite the kernel below to make it faster on a CPU.
+Rules:
+- The inputs are CPU tensors. The kernel is timed single-threaded on one core of {cpu}; the time
+  charged is the CPU time of every thread, so threads do not help.
+- Define `custom_kernel(data)` in one module and put ALL code in one final ```python block.
+- Several input shapes are tested, for correctness and for speed; do not specialise to one.
+- Write CPU code: PyTorch (fewer passes over memory, fused or in-place operators), torch.compile
+  (inductor writes vectorised C++; its options are yours to choose), or C++ built with
+  torch.utils.cpp_extension.load_inline (loops that vectorise: no calls in inner loops,
+  `#pragma omp simd` with -fopenmp-simd, -O3 -march=native). Triton runs here only in its
+  interpreter, far slower than PyTorch: do not use it.
+- Compute in the precision the task states; round only what is stored in a lower precision.
+- Building counts: a C++ build or a torch.compile takes seconds to a minute of each measurement.
+- Start the module with a short docstring describing the algorithm."""
+
 TRUNCATE = 2000  # characters of an error message shown to the mutator
+
+
+def cpu_rules(hardware):
+    """The mutation rules where the kernels are timed on a CPU: `hardware` is its profile
+    (forecast_prompt.hardware_info("cpu")), whose name says the model."""
+    name = str((hardware or {}).get("name") or "this machine's CPU").removeprefix("CPU: ")
+    return CPU_MUTATION_RULES.format(cpu=name)
 
 
 def feedback_text(m, ask="Rewrite the whole kernel to be as fast as possible."):
@@ -90,23 +120,25 @@ def _band_text(target_bin):
     return f"a speedup over the reference {band} (ideally about {mid:.2f}x)"
 
 
-def mutation_messages(description, parent_code, parent_result, last_failure=None, target_bin=None):
+def mutation_messages(description, parent_code, parent_result, last_failure=None, target_bin=None, rules=MUTATION_RULES):
     """The chat of docs/PAPER.md §7: rules, the task, the parent's code and its feedback. With a
-    target bin, the goal-conditioned variant: land the speedup in the bin's band, not beyond it."""
+    target bin, the goal-conditioned variant: land the speedup in the bin's band, not beyond it.
+    `rules`: the GPU's (MUTATION_RULES) or, where the kernels are timed on a CPU, cpu_rules()."""
     ask = {} if target_bin is None else {"ask": None}  # the goal's own request closes the chat
     user = [f"Task:\n{description}", f"Current kernel:\n```python\n{parent_code}\n```",
             f"Feedback on the current kernel:\n{feedback_text(parent_result, **ask)}"]
     if last_failure:  # the last child of this parent failed: show why, so it is not repeated
         user.append(f"Your previous rewrite of this kernel failed. {feedback_text(last_failure, **ask)}")
-    system = MUTATION_RULES
+    system = rules
     if target_bin is not None:
         goal = _band_text(target_bin)
-        system = (f"You are an expert GPU kernel engineer. This time the goal is not the fastest kernel: "
+        who = "CPU performance engineer" if rules is not MUTATION_RULES else "GPU kernel engineer"
+        system = (f"You are an expert {who}. This time the goal is not the fastest kernel: "
                   f"rewrite the kernel below so that it is correct and measures {goal}. A kernel outside "
                   "that band, even a much faster one, is of no use here: if the current kernel is too "
                   "fast, slow it down (less parallelism, worse memory access, parts in plain PyTorch); if "
                   "it is too slow, remove bottlenecks until it is inside the band, then stop."
-                  + MUTATION_RULES[MUTATION_RULES.index("\nRules:"):])
+                  + rules[rules.index("\nRules:"):])
         user.append(f"Rewrite the whole kernel so that it measures {goal}. Faster is not better.")
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(user)}]
 
@@ -129,14 +161,16 @@ class LLMMutator:
 
     name = "llm"
 
-    def __init__(self, backend, description, temperature=1.0, max_new_tokens=8192, target_bin=None):
+    def __init__(self, backend, description, temperature=1.0, max_new_tokens=8192, target_bin=None,
+                 rules=MUTATION_RULES):
         self.backend, self.description = backend, description
         self.temperature, self.max_new_tokens, self.target_bin = temperature, max_new_tokens, target_bin
+        self.rules = rules  # the GPU's, or cpu_rules(...) where the kernels are timed on a CPU
 
     def messages(self, parent):
         """The chat this mutator sends for `parent` (search.py logs it beside the replies)."""
         return mutation_messages(self.description, parent.code, parent.info.get("result", {}),
-                                 parent.info.get("last_failure"), self.target_bin)
+                                 parent.info.get("last_failure"), self.target_bin, self.rules)
 
     def propose(self, parent, n, seen, key):
         replies = self.backend.generate([self.messages(parent)] * n, max_new_tokens=self.max_new_tokens,
@@ -166,19 +200,91 @@ def set_tunable(code, name, value):
     return TUNE_LINE.sub(repl, code)
 
 
+# ---- the compiled form of a plain PyTorch kernel (the CPU's mutation without an LLM) ---------------
+
+# What makes a kernel "plain PyTorch": none of these. Triton is the GPU's (its interpreter on a
+# CPU), a C++ extension is compiled already, and torch.compile of a compiled kernel is no new choice.
+NOT_PLAIN = re.compile(r"\btriton\b|load_inline|cpp_extension|torch\.compile|\b_?compile\s*\(")
+MATMUL = re.compile(r"nn\.(?:Linear|Conv\w*|Bilinear|LSTM|GRU|RNN|MultiheadAttention)\b|@|\b(?:matmul|mm|bmm|addmm|einsum|linear|conv\dd)\s*\(")
+
+COMPILED_KERNEL = """
+
+# ---- compiled: the kernel above through torch.compile (mutators.compile_form) ----
+# Inductor traces the function, fuses its operators into C++ loops vectorised for this CPU and
+# compiles them with the machine's C++ compiler on the first call (tens of seconds, part of the
+# measurement). Its choices, as `# tune:` constants:
+#   COMPILE_DYNAMIC  0: torch's default (specialise to the first shape, generalise at the first
+#                    new one); 1: one kernel for every shape from the start
+#   COMPILE_SIMDLEN  the vector width of inductor's loops in bits (0: its own pick, the widest
+#                    this CPU has; 1: no vectorisation){extra_doc}
+import torch as _torch  # noqa: E402
+import torch._inductor.config as _inductor_config  # noqa: E402
+
+COMPILE_DYNAMIC = 0  # tune: 0, 1
+COMPILE_SIMDLEN = 0  # tune: 0, 1, 256, 512{extra_tunes}
+
+_inductor_config.cpp.simdlen = COMPILE_SIMDLEN or None{extra_config}
+"""
+MODE_DOC = """
+#   COMPILE_MODE     1: max-autotune (inductor times its own C++ GEMM templates against the
+#                    library's matmuls and keeps the fastest: a longer compile)"""
+FREEZING_DOC = """
+#   COMPILE_FREEZING 1: the weights are constants of the compiled graph (folded, pre-packed
+#                    for the CPU's matmul library); the model runs under torch.no_grad"""
+COMPILED_FUNCTION = """custom_kernel = _torch.compile(custom_kernel, dynamic=True if COMPILE_DYNAMIC else None{mode})
+"""
+COMPILED_MODEL = """_EagerModelNew = ModelNew
+
+
+class ModelNew(_EagerModelNew):
+    \"\"\"ModelNew above with its forward compiled (the same parameters, created in the same order).\"\"\"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._compiled_forward = _torch.compile(super().forward, dynamic=True if COMPILE_DYNAMIC else None{mode})
+
+    def forward(self, *args, **kwargs):
+        return self._compiled_forward(*args, **kwargs)
+"""
+
+
+def compile_form(code):
+    """The kernel of `code` through torch.compile, or None when it is not plain PyTorch (Triton, a
+    C++ extension, compiled already) or defines neither `custom_kernel` nor KernelBench's
+    `class ModelNew`. A block appended to the module: the kernel as it was, then compiled, with
+    inductor's choices as `# tune:` constants that the catalog mutator edits afterwards; matmul
+    choices (max-autotune) only where the code has a matmul, freezing only for a model's weights."""
+    model = re.search(r"^class ModelNew\b", code, re.M) is not None
+    function = re.search(r"^def custom_kernel\s*\(", code, re.M) is not None
+    if NOT_PLAIN.search(code) or not (model or function):
+        return None
+    matmul = MATMUL.search(code) is not None
+    doc = (MODE_DOC if matmul else "") + (FREEZING_DOC if model else "")
+    tunes = ("\nCOMPILE_MODE = 0  # tune: 0, 1" if matmul else "") + ("\nCOMPILE_FREEZING = 0  # tune: 0, 1" if model else "")
+    config = "\n_inductor_config.freezing = bool(COMPILE_FREEZING)" if model else ""
+    mode = ', mode="max-autotune-no-cudagraphs" if COMPILE_MODE else None' if matmul else ""
+    block = COMPILED_KERNEL.format(extra_doc=doc, extra_tunes=tunes, extra_config=config)
+    return code.rstrip() + "\n" + block + "\n" + (COMPILED_MODEL if model else COMPILED_FUNCTION).format(mode=mode)
+
+
 class CatalogMutator:
     """Offline mutations, no LLM: the task's hand-written variants, then one-constant edits of the
-    parent's `# tune:` values (block sizes, num_warps, num_stages). Deterministic for a key (the
-    search passes seed/step/parent) and never proposes code in `seen`."""
+    parent's `# tune:` values (block sizes, num_warps, num_stages). With compile=True (a search on
+    a CPU) a plain PyTorch parent's compiled form (compile_form) is proposed with the variants.
+    Deterministic for a key (the search passes seed/step/parent) and never proposes code in `seen`."""
 
     name = "catalog"
 
-    def __init__(self, variants):
+    def __init__(self, variants, compile=False):
         self.variants = variants  # {name: source}
+        self.compile = compile
 
     def propose(self, parent, n, seen, key):
         rng = random.Random(key)
         fresh = [(f"variant {name}", src) for name, src in sorted(self.variants.items())]
+        compiled = compile_form(parent.code) if self.compile else None
+        if compiled is not None:
+            fresh.append(("torch.compile of the parent", compiled))
         rng.shuffle(fresh)
         edits = [(f"{name} {old} -> {v}", set_tunable(parent.code, name, v))
                  for name, (old, choices) in sorted(tunables(parent.code).items())

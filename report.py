@@ -169,6 +169,18 @@ def gain(speedup, noise, ref=1.0, ref_noise=0.0):
     return {"ratio": ratio, "within_noise": within}
 
 
+def build_seconds(m):
+    """What a measurement (a measure.Measurement dict) spent building its candidate: measure.py's
+    build_s (the import and the first calls that compile lazily, torch.compile's among them); in a
+    record without it, the import and correctness seconds, where every build happens (a C++
+    extension at import, torch.compile's and Triton's JIT in the first calls). None when neither
+    was recorded (a failure before the candidate loaded)."""
+    if m.get("build_s") is not None:
+        return m["build_s"]
+    parts = [m.get(k) for k in ("import_s", "check_s") if m.get(k) is not None]
+    return sum(parts) if parts else None
+
+
 def _measurement(res):
     """What the page shows of a logged measurement (or audit)."""
     if res is None:
@@ -183,6 +195,7 @@ def _measurement(res):
             "noise": m.get("noise") if ok else None, "cases": cases, "flags": [visible(f) for f in m.get("flags") or []],
             "message": visible(m.get("message"), TEXT_CAP, f"events.jsonl, line {res['line']}"),
             "seconds": p.get("seconds"), "worker": p.get("worker"), "device": m.get("device"),
+            "wall_s": m.get("wall_s"), "build_s": build_seconds(m),
             "timer": visible(m.get("timer")), "scale": m.get("scale"), "cached": m.get("cached"), "line": res["line"]}
 
 
@@ -682,6 +695,8 @@ def _ledger(cfg, log, nodes, mutations, view):
     seed = nodes["seed"]["measurement"]
     all_m = ([seed] if seed else []) + results
     m_seconds = sum(m["seconds"] or 0 for m in all_m)
+    cost_s = sum(m.get("wall_s") or 0 for m in all_m)  # what they cost when made, a cached one too
+    build_s = sum(m.get("build_s") or 0 for m in all_m)
     cached = sum(bool(m.get("cached")) for m in all_m)
     timed, timed_s = len(all_m) - cached, sum(m["seconds"] or 0 for m in all_m if not m.get("cached"))
     f_seconds = sum(m["forecast_seconds"] or 0 for m in mutations.values())
@@ -737,7 +752,14 @@ def _ledger(cfg, log, nodes, mutations, view):
         ("fast_1", "-" if bins.fast_p(speedups) is None else f"{bins.fast_p(speedups):.2f} (share of measured "
          "candidates correct and faster than the reference)"),
         ("seconds measuring", f"{m_seconds:.1f} s ({len(all_m)} measurements, the seed's included)"),
+        ("measuring's cost, builds included", f"{cost_s:.1f} s, {build_s:.1f} s of it building the kernels (the "
+         "import and the first calls: C++ builds, torch.compile, Triton's JIT)" + (
+             f"; the {cached} from the cache count what they cost when made" if cached else "")
+         if cost_s else "not recorded"),
         ("seconds forecasting", f"{f_seconds:.1f} s" if _is_gated(cfg) else "none (no gate)"),
+        ("a forecast against a measurement", f"{f_seconds / len(forecasts):.2f} s a forecast, {cost_s / len(all_m):.1f} s "
+         f"a measurement: one measurement costs {cost_s / len(all_m) / (f_seconds / len(forecasts)):.0f} forecasts"
+         if forecasts and f_seconds and cost_s else "-"),
         ("seconds mutating", f"{mut_seconds:.1f} s"),
         ("mutator tokens in / out", f"{mut_in:,} / {mut_out:,}" if llm_mutator
          else f"none: the {visible(cfg.get('mutator'))} mutator is no language model"),
@@ -749,9 +771,17 @@ def _ledger(cfg, log, nodes, mutations, view):
          + (f"; timer: {device.get('timer')}" if device.get("timer") else "")),
         ("log", f"{len(log['times'])} events over {cli.duration(max(times) - min(times)) if times else '0 s'} (first to last)"),
     ]
+    note = ""
     if cpu:
-        rows.insert(2, ("times", "CPU times (Triton's interpreter, small shapes), not GPU times"))
-    return {"rows": [[k, v] for k, v in rows], "cpu": cpu}
+        # a log from before --space searched the Triton kernels, in Triton's interpreter
+        interpreted = cfg.get("space", "triton") == "triton"
+        rows.insert(2, ("times", "CPU times (Triton's interpreter, small shapes), not GPU times" if interpreted else
+                        "CPU times on one core (CPU kernels: C++, torch.compile, PyTorch; small shapes), not GPU times"))
+        note = ("measured on CPU: the times are CPU times of Triton kernels run by its interpreter on small shapes; they "
+                "exercise the machinery and say nothing about a GPU's speed" if interpreted else
+                "measured on CPU: the times are CPU times of CPU kernels on one core, at small shapes; they say nothing "
+                "about a GPU's speed")
+    return {"rows": [[k, v] for k, v in rows], "cpu": note}
 
 
 def _is_gated(cfg):

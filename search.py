@@ -29,10 +29,12 @@ Then every step of the search runs these phases, in this order (Search.run):
      is logged and the run's outputs are rewritten.
 
 Defaults that run anywhere (search_setup.plan_search picks them and says so at start-up): with no GPU and
-no model weights the plain command uses the offline catalog mutator (or, for a task with nothing
-in the catalog, the embedded SmolLM2's rewrites, which almost never compile), the embedded SmolLM2
-forecaster (logits read-out; its forecasts carry no information), CPU-scale measurement and a
-budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
+no model weights the plain command searches the CPU's own kernels (--space cpu: C++ built with
+load_inline, torch.compile, PyTorch rewrites, each timed on one core, its build part of its
+measurement) with the offline catalog mutator (or, for a task with nothing in the catalog, the
+embedded SmolLM2's rewrites, which almost never compile), gated by the learned cost model (online,
+milliseconds a forecast; --forecaster llm for the embedded SmolLM2, whose forecasts carry no
+information), CPU-scale measurement and a budget of 8 measurements. On a GPU machine with GPT-OSS-20B downloaded (or with --server) it runs
 the paper's search: an LLM mutator, benchmark-scale measurement, 40 steps x 2 parents, 320
 measurements.
 
@@ -58,8 +60,10 @@ Decisions this file documents:
   - The default gate is topk (the paper's surrogate-filtered search). On the CPU path the embedded
     forecaster takes seconds per candidate, so it forecasts 6 mutations per parent, not 16.
   - In topk ranking, parse failures come after every parsed forecast, and deferrals (the abstain
-    variant's: the model declined to forecast) between the two; the confidence gate measures a
-    deferral as it measures any forecast it defers.
+    variant's: the model declined to forecast; the cost model's before it has labels) between the
+    two; the confidence gate measures a deferral as it measures any forecast it defers. A child a
+    gate cut while its forecast was a deferral was cut unjudged: it is forgotten (no longer "code
+    proposed before"), so a mutator may propose it again once the forecaster has learnt.
   - --protocol paper is the original's search (docs/FIDELITY.md): the forecaster's paper prompt and
     one retry of a forecast that does not parse, 4 children per parent kept in the archive, and
     exactly --budget (320) measurements: the step count never cuts the budget short (the first
@@ -188,23 +192,35 @@ class Args:
                                   "measurements then leave out when there are several")
     no_memory_check: bool = flag(False, "skip the start-up check that the LLM and the measure workers fit in "
                                  "the GPU's memory (its worker figure is an estimate)")
-    forecaster: str = flag("llm", "llm: a language model forecasts each child (a server, a local model, or the "
+    forecaster: str = flag("auto", "llm: a language model forecasts each child (a server, a local model, or the "
                            "embedded SmolLM2 on CPU); costmodel: a learned cost model (LightGBM trees on features "
                            "of the code, costmodel.py) refit on this search's own measured kernels before each "
-                           "forecast, deferring every child to measurement until it has --costmodel-min-labels",
-                           choices=("llm", "costmodel"))
+                           "forecast, deferring every child to measurement until it has --costmodel-min-labels; "
+                           "auto: llm, except on a CPU with no LLM named (--server, --model, --forecaster-model, "
+                           "--adapter), where the cost model forecasts in milliseconds and the embedded SmolLM2's "
+                           "forecasts would mean nothing and take seconds each", choices=("auto", "llm", "costmodel"))
     costmodel_min_labels: int = flag(5, "with --forecaster costmodel: measured kernels (the seed's included) before "
                                      "the cost model gates; until then every child is measured")
+    costmodel_rows: str | None = flag(None, "with the cost model: rows measured before that it starts from (comma-"
+                                      "separated training rows, e.g. earlier searches' training_rows.jsonl, or "
+                                      "hf:OWNER/NAME); its first forecasts come from them, then the search's own "
+                                      "measurements join them", logged=True, metavar="ROWS")
     readout: str | None = flag(None, "forecast read-out; default logits for the embedded model, else "
                                  "verbalized", choices=("verbalized", "logits"))
     embedded_dtype: str = flag("auto", "dtype of the embedded CPU forecaster; auto: bfloat16 on CPUs that compute "
                                "it natively (AMX or AVX512-BF16: 1.5x to 3x faster), float32 elsewhere (exact numbers)", choices=EMBEDDED_DTYPES)
     scale: str | None = flag(None, "measurement scale; default benchmark on a GPU, cpu otherwise",
                                choices=("benchmark", "cpu"), logged=True)
+    space: str = flag("auto", "the kernels the search writes: triton (tasks/kernels/<task>/, the GPU's kernels; a "
+                      "CPU runs them in Triton's interpreter, some 200x slower than PyTorch); cpu (tasks/kernels/"
+                      "<task>/cpu/: PyTorch rewrites, torch.compile, C++ built with load_inline, timed on one core, and "
+                      "the compiled form of any plain PyTorch kernel; the LLM mutator is asked for CPU code); all "
+                      "(both, on a CPU); auto: triton on a GPU, cpu without one",
+                      choices=("auto", "cpu", "triton", "all"), logged=True)
     timeout: float | None = flag(None, "seconds per measurement (measure.py's default if unset)")
     devices: str = flag("all", "GPUs that measure, one candidate at a time each: all, or indices such as "
                           "0,1,3 (on a machine without a GPU: see --workers)")
-    workers: int | None = flag(None, "measurements at once: on CPU N interpreter workers (default 1; their "
+    workers: int | None = flag(None, "measurements at once: on CPU N measure workers (default 1; their "
                                  "CPU timings disturb each other), on a GPU machine the first N of --devices")
     ray: str | None = flag(None, "measure on a Ray cluster instead, one task per measurement asking for a GPU "
                              "(on CPU a share of the CPUs, --workers at once, default one per CPU): auto joins the cluster this machine belongs to (`ray start`), "
@@ -301,6 +317,10 @@ class SearchStats:
     mutation_s: float = 0.0
     forecast_s: float = 0.0
     measurement_s: float = 0.0
+    # What the run's measurements cost when they were made (measure.py's wall_s, a build included;
+    # one from the cache or the log counts what it cost then), and of that, building the kernels.
+    measuring_cost_s: float = 0.0
+    build_s: float = 0.0
 
 
 @dataclass
@@ -404,6 +424,7 @@ class Search:
         self.stats.measurement_s += res["seconds"]
         m = res["measurement"]
         self._count_source(m, replayed)
+        self._count_cost(m)
         if m["status"] != "ok" or not m.get("speedup"):
             raise SearchError(f"the seed kernel did not measure ok ({m['status']}: {m.get('message', '')}); "
                               f"check the seed of --task {self.args.task} with measure.py")
@@ -462,6 +483,13 @@ class Search:
             **({"labels": len(self.labels)} if self.args.gate == "confidence" else {}),
             **({"audit": [cands[j][0] for j in audited], "audit_fraction": self.args.audit} if self.args.audit else {})})
         self.audit([cands[j] for j in audited], step, parent)
+        for j, why in skipped.items():
+            # A child cut while its forecast was a deferral (the cost model before its first labels,
+            # or the abstain tool) was cut unjudged, by the order of proposal: forget it, so that a
+            # later mutation may propose it again to a forecaster that has learnt since. (Without
+            # this, a finite catalog loses for good whatever a cold gate happened to cut.)
+            if why != "budget spent" and forecasts[j].deferred:
+                self.seen.discard(cands[j][1].strip())
         return chosen, trusted
 
     def audited(self, cid):
@@ -533,6 +561,7 @@ class Search:
             stats.measurement_s += res["seconds"]
             m = res["measurement"]
             self._count_source(m, sent.replayed)
+            self._count_cost(m)
             ok = m["status"] == "ok" and bool(m.get("speedup"))
             stats.speedups.append(m["speedup"] if ok else None)
             if sent.forecast is not None and ok and sent.forecast.probs is not None:  # a label for the gate
@@ -564,6 +593,12 @@ class Search:
         elif m.get("cached"):
             self.stats.from_cache += 1
 
+    def _count_cost(self, m):
+        """What a measurement cost when it was made, and its build (report.build_seconds)."""
+        from report import build_seconds  # the ledger's rule (report.py is imported lazily: plotly)
+        self.stats.measuring_cost_s += m.get("wall_s") or 0.0
+        self.stats.build_s += build_seconds(m) or 0.0
+
     def _row(self, node_id, code, m, pair_type):
         run = f"{tasks.task_label(self.args.task)}-{self.args.gate}-{self.args.seed}"
         self.rows.append(training_row(self.args.task, run, node_id, self.seed_code, code, m, pair_type))
@@ -585,6 +620,8 @@ class Search:
         self.log = EventLog(self.out / "events.jsonl")
         mine = json.loads(json.dumps(self.identity()))
         old = next((e["payload"] for e in self.log.events if e["kind"] == "config"), None)
+        if old is not None and "space" not in old:  # a log from before --space searched the Triton kernels
+            old = {**old, "space": "triton"}
         if old is None:
             self.log.append("config", None, "config", None, mine)
         else:
@@ -645,6 +682,8 @@ class Search:
             "best_vs_measurements": self.curve,
             "time_s": {"mutation": round(stats.mutation_s, 3), "forecast": round(stats.forecast_s, 3),
                        "measurement": round(stats.measurement_s, 3),
+                       # what the measurements cost when made (cached ones included), builds included
+                       "measuring_cost": round(stats.measuring_cost_s, 3), "build": round(stats.build_s, 3),
                        "this_run_wall": round(time.time() - t_start, 3)},
         }
 
@@ -704,7 +743,7 @@ def _progress(total, enabled, expected_s=None, what="search"):
 def run_one(args, gate, out, plan, say=print):
     """One search with `gate`: the options with this machine's choices filled in, then Search.run."""
     args = with_protocol_defaults(replace(
-        args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name,
+        args, gate=gate, budget=plan.budget, scale=plan.scale, mutator=plan.mutator_name, space=plan.space,
         mutations=args.mutations or plan.mutations or (4 if gate == "none" else plan.gated_mutations),
         forecast_reward=args.forecast_reward and gate != "none"))
     say(f"search: {args.task}, protocol {args.protocol}, gate {gate}, {args.mutations} mutations per parent, "
@@ -762,6 +801,16 @@ def _report(s):
         lines.append(f"{s['audits']} skipped children audited (measured outside the budget, never learnt from): "
                      f"{s['audit_misses']} faster than their parent, the gate's misses; report.html gives the miss "
                      "rate with its interval")
+    t = s.get("time_s") or {}
+    if t.get("measuring_cost"):
+        each = t["measuring_cost"] / total
+        cost = (f"measuring cost {t['measuring_cost']:.0f} s, {each:.1f} s a measurement ({t['build']:.0f} s of it "
+                "building kernels; a measurement taken from the cache counts what it cost when made)")
+        if s["forecasts"] and t.get("forecast"):
+            per = t["forecast"] / s["forecasts"]
+            cost += (f"; forecasting {t['forecast']:.0f} s, {per:.2f} s a forecast: a measurement costs "
+                     f"{each / per:.0f} forecasts")
+        lines.append(cost)
     if s["measurements"] < s["budget"] and s["steps"] >= s["max_steps"]:
         lines.append(f"{s['budget'] - s['measurements']} of the budget's {s['budget']} measurements unused after the "
                      f"{s['steps']} steps of --steps: the mutator proposed too few new candidates (or the gate "
@@ -796,7 +845,7 @@ def main(argv=None):
             print(f"wrote {out / 'compare.png'}, {out / 'compare.json'} and {out / 'report.html'}")
         else:
             # a cost-model search gets a folder of its own: the same command with the LLM's is another run
-            arm = args.gate + ("-costmodel" if args.forecaster == "costmodel" else "")
+            arm = args.gate + ("-costmodel" if plan.online else "")
             out = Path(args.out or f"runs/{tasks.task_label(args.task)}-{arm}-{args.seed}")
             summary = run_one(args, args.gate, out, plan)
             print(_report(summary))

@@ -4,9 +4,12 @@ search.py's algorithm takes a mutator, a forecaster and measurement settings; pl
 them for this machine from the command line's options, one named choice at a time, and says at
 start-up what it picked and why, so a plain `python search.py --task cross_entropy` runs anywhere:
 - choose_measurement: the measurement scale: the paper's benchmark shapes timed with CUDA events
-  on a GPU, small shapes in the Triton interpreter otherwise (CPU times, not GPU times); and where
+  on a GPU, small shapes timed on one CPU core otherwise (CPU times, not GPU times); and where
   measurements run (measure_pool.py): one worker per GPU of the machine (--devices), N workers on
   CPU (--workers), or tasks on a Ray cluster (--ray), whose devices then decide the scale;
+- choose_space: which kernels the search writes (--space, tasks.SPACES): the GPU's Triton kernels on
+  a GPU; on a CPU the CPU's own (C++ built with load_inline, torch.compile, PyTorch rewrites, and
+  the compiled form of any plain PyTorch kernel), since Triton runs there only in its interpreter;
 - choose_llm, choose_mutator: an LLM (--mutator-server, --server, --model, or GPT-OSS-20B weights
   cached on a GPU machine), else the offline catalog of the task's hand-written variants and
   `# tune:` edits, else (a task with neither, a file of your own, say) the embedded SmolLM2's
@@ -41,7 +44,7 @@ from forecaster import Forecaster
 from models import forecaster_backends as backends
 from models.costmodel import CostModelForecaster
 from models.lm import DEFAULT_MODEL, ModelNotFound, embedded_available
-from mutators import CatalogMutator, LLMMutator, tunables
+from mutators import MUTATION_RULES, CatalogMutator, LLMMutator, compile_form, cpu_rules, tunables
 from paper_protocol import PROTOCOLS
 from runtime.cli import duration
 
@@ -73,6 +76,7 @@ class Plan:
     online: bool = False     # the forecaster learns from the search's measurements (the cost model)
     mutations: int | None = None  # mutations per parent whatever the gate, where the mutator sets it
     costs: dict = None       # seconds a measurement and a forecast took here before (describe_cache)
+    space: str = "triton"    # the kernels the search writes (tasks.SPACES, or "all"): choose_space
 
 
 # ---- models built on their first use --------------------------------------------------------------
@@ -118,11 +122,16 @@ def plan_search(args, say=print):
         if args.protocol == "paper"
         else " (--protocol paper for the original's search; docs/FIDELITY.md)"))
     scale, has_gpu, where = choose_measurement(args, say)
+    space = choose_space(args, has_gpu, say)
     gated = args.gate != "none" or args.compare
-    costmodel = gated and args.forecaster == "costmodel"
+    costmodel = gated and forecasts_with_costmodel(args, scale)
+    if args.costmodel_rows and not costmodel:
+        raise SetupError("--costmodel-rows are the cost model's starting rows, and this search's forecaster is "
+                         + ("none (--gate none)" if not gated else "an LLM") + "; drop it, or pass --forecaster costmodel"
+                         + (" with a gate" if not gated else ""))
     llm = choose_llm(args, gated, costmodel)
-    mutator, mutator_name = choose_mutator(args, llm, say)
-    forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say)
+    mutator, mutator_name = choose_mutator(args, llm, say, space)
+    forecaster, forecaster_name = choose_forecaster(args, llm, gated, costmodel, scale, say, space)
     budget, gated_mutations = choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say)
     check_sandbox(args, say)
     costs = describe_cache(args, scale, mutator_name == "embedded" or forecaster_name.startswith("embedded"), say)
@@ -134,7 +143,7 @@ def plan_search(args, say=print):
                 gated_mutations=gated_mutations, measure_kwargs=measure_kwargs, pool=pool,
                 llm_waits=llm_waits, online=costmodel,
                 mutations=EMBEDDED_MUTATIONS if mutator_name == "embedded" and args.mutations is None else None,
-                costs=costs)
+                costs=costs, space=space)
 
 
 def choose_measurement(args, say):
@@ -167,9 +176,52 @@ def choose_measurement(args, say):
     if scale == "benchmark" and not has_gpu:
         raise SetupError("--scale benchmark needs a CUDA GPU; drop it to measure at CPU scale")
     say(f"measurement: {scale} scale" + ("" if scale == "benchmark" else
-        " (Triton interpreter on small shapes, CPU times, NOT GPU times; on a GPU machine "
+        " (small shapes timed on one CPU core: CPU times, NOT GPU times; on a GPU machine "
         "the paper's benchmark shapes are timed with CUDA events)"))
     return scale, has_gpu, where
+
+
+def choose_space(args, has_gpu, say):
+    """The kernels the search writes (tasks.SPACES, or "all"): on a GPU the Triton kernels, as
+    always; without one the CPU's own, since there Triton runs only in its interpreter, a few
+    hundred times slower than the PyTorch reference, and a search has nothing real to find."""
+    import tasks
+    space = args.space if args.space != "auto" else ("triton" if has_gpu else "cpu")
+    if space != "triton" and has_gpu:
+        raise SetupError(f"--space {space} searches CPU kernels, but this machine measures on its GPU (CUDA tensors "
+                         "in, where a CPU kernel wants CPU ones); drop --space (the GPU's Triton kernels), or run on a "
+                         "machine without a GPU")
+    label = tasks.task_label(args.task)
+    builtin = args.task in tasks.TASK_NAMES
+    if space == "triton":
+        where = f"tasks/kernels/{label}/" if builtin else "the task file's own kernel"
+        say(f"kernel space: triton ({where}: the GPU's kernels" + (
+            ")" if has_gpu else "; here Triton's interpreter runs them, some 200x slower than PyTorch: they exercise "
+            "the search and never beat the reference); --space cpu for the CPU's own kernels"))
+        return space
+    where = (f"tasks/kernels/{label}/cpu/ ({len(tasks.variant_paths(args.task, 'cpu'))} files)" if builtin
+             else "the task file's own kernel")
+    say(f"kernel space: {space} ({where}: PyTorch rewrites, torch.compile, C++ built with load_inline, each timed "
+        "single-threaded on one core; and the compiled form of each plain PyTorch kernel"
+        + (", and tasks/kernels/" + label + "/, the GPU's Triton kernels, run in Triton's interpreter here"
+           if space == "all" else "") + "); a build is part of its measurement; "
+        + ("--space triton for the GPU's Triton kernels (in Triton's interpreter here)" if space == "cpu"
+           else "--space cpu for the CPU's kernels alone"))
+    return space
+
+
+def forecasts_with_costmodel(args, scale):
+    """Whether the cost model forecasts: asked for, or (--forecaster auto) at CPU scale with no LLM
+    named. There the embedded SmolLM2 is the only LLM, whose forecasts carry no information and
+    cost seconds each (5 to 13 s of CPU for a CPU kernel's prompt on a 2-core VM), about what a
+    small kernel's measurement costs: the gate would cost what it saves. The cost model forecasts
+    in milliseconds from the search's own measurements (Ansor's loop)."""
+    if args.forecaster != "auto":
+        return args.forecaster == "costmodel"
+    if args.costmodel_rows:
+        return True
+    named = [args.server, args.model, args.forecaster_model, args.adapter, args.readout, args.abstain]
+    return scale == "cpu" and not any(named)
 
 
 @dataclass
@@ -229,34 +281,43 @@ def choose_llm(args, gated, costmodel):
     return llm
 
 
-def choose_mutator(args, llm, say):
-    """(mutator, its name): the LLM mutator when there is an LLM to mutate with; else the offline
-    catalog when it has something to propose (hand-written variants, `# tune:` constants); else the
-    embedded SmolLM2's rewrites; a task that none of them can mutate is a SetupError."""
+def choose_mutator(args, llm, say, space="triton"):
+    """(mutator, its name): the LLM mutator when there is an LLM to mutate with (asked for CPU code
+    where the kernels are timed on a CPU: mutators.cpu_rules); else the offline catalog when it has
+    something to propose (hand-written variants of the space, `# tune:` constants, on a CPU the
+    compiled form of a plain PyTorch seed); else the embedded SmolLM2's rewrites; a task that none
+    of them can mutate is a SetupError."""
     import tasks
+    rules = cpu_rules(hardware_info("cpu")) if space != "triton" else MUTATION_RULES
     if args.mutator == "llm" and llm.mutator_backend is None:
         raise SetupError("--mutator llm needs a model: pass --server URL, --mutator-server URL or --model NAME")
     description = tasks.get_task(args.task).DESCRIPTION
     if llm.mutator_backend is not None and args.mutator in ("auto", "llm"):
         local = llm.mutator_backend is llm.backend and llm.weights
         say(f"mutator: LLM {llm.mutator_name}" + (f" (local; {llm.weights})" if local else ""))
-        return LLMMutator(llm.mutator_backend, description, target_bin=args.target_bin), f"llm:{llm.mutator_name}"
+        return (LLMMutator(llm.mutator_backend, description, target_bin=args.target_bin, rules=rules),
+                f"llm:{llm.mutator_name}")
     label = tasks.task_label(args.task)
-    variants = tasks.variant_sources(args.task)
+    variants = tasks.variant_sources(args.task, space)
     marked = sorted(set(tunables(tasks.seed_source(args.task))).union(*(tunables(v) for v in variants.values())))
+    # on a CPU the catalog also compiles what is plain PyTorch (mutators.compile_form): the seed, and
+    # then any plain PyTorch variant it proposes
+    compiled = space != "triton" and compile_form(tasks.seed_source(args.task)) is not None
     no_llm = ("no mutator LLM here; pass --server URL (vLLM/SGLang) or --model NAME, or run on a GPU machine "
               f"with {DEFAULT_MODEL} downloaded, for the paper's LLM mutations")
-    if args.mutator == "catalog" or (args.mutator == "auto" and (variants or marked)):
-        if not variants and not marked:
+    if args.mutator == "catalog" or (args.mutator == "auto" and (variants or marked or compiled)):
+        if not variants and not marked and not compiled:
             raise SetupError(f"--mutator catalog has nothing to propose for {label}: it has no hand-written variant "
                              "and no `# tune:` constant; mark the constants of your kernel (`BLOCK = 64  # tune: "
                              "32, 64, 128`, README: Your own op), or pass --server URL or --model NAME for an LLM")
         what = ", ".join(filter(None, [
             f"{len(variants)} hand-written variant{'s' * (len(variants) > 1)}" if variants else "",
-            f"edits of its `# tune:` constants ({', '.join(marked)})" if marked else ""]))
+            "the torch.compile form of each plain PyTorch kernel, the seed's first" if compiled else "",
+            f"edits of its `# tune:` constants ({', '.join(marked)})" if marked else "",
+            "then of inductor's choices in the compiled forms" if compiled else ""]))
         why = "asked for with --mutator catalog" if args.mutator == "catalog" else no_llm
         say(f"mutator: offline catalog ({what}): {why}")
-        return CatalogMutator(variants), "catalog"
+        return CatalogMutator(variants, compile=space != "triton"), "catalog"
     if not embedded_available():
         raise SetupError(f"nothing can mutate {label} here: it has no hand-written variant and no `# tune:` "
                          "constant, there is no mutator LLM and the embedded model is not installed (pip install "
@@ -270,13 +331,14 @@ def choose_mutator(args, llm, say):
            f"{label} has no hand-written variant and no `# tune:` constant for the offline catalog: mark the "
            "constants of your kernel (README: Your own op) for edits worth measuring; ") + no_llm)
     return (LLMMutator(llm.embedded, description, temperature=EMBEDDED_MUTATION_TEMPERATURE,
-                       max_new_tokens=EMBEDDED_MUTATION_TOKENS, target_bin=args.target_bin), "embedded")
+                       max_new_tokens=EMBEDDED_MUTATION_TOKENS, target_bin=args.target_bin, rules=rules), "embedded")
 
 
-def choose_forecaster(args, llm, gated, costmodel, scale, say):
+def choose_forecaster(args, llm, gated, costmodel, scale, say, space="triton"):
     """(forecaster, its name): none without a gate, the online cost model with --forecaster
     costmodel, else a Forecaster over the model of the first row of `choices` that holds, built on
-    first use."""
+    first use. Its prompt names the hardware the kernels are timed on: this GPU, or at CPU scale
+    this CPU's model (forecast_prompt.hardware_info("cpu"))."""
     import torch
     if not gated:
         return None, ""
@@ -286,12 +348,18 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
     if costmodel:
         # cheap to build (no model until it has labels), so not lazy: the search hands it its rows
         n = args.costmodel_min_labels
+        prior = costmodel_prior(args.costmodel_rows)
         forecaster = CostModelForecaster(hardware=hardware, online=True, min_labels=n, seed=args.seed,
-                                         name="costmodel (online)")
+                                         name="costmodel (online)", prior=prior)
         say(f"forecaster: learned cost model (LightGBM trees on features of the code), refit on this search's "
             f"measured kernels before each forecast; until it has {n} of them (the seed's included) it defers "
             "every child to measurement (--costmodel-min-labels)"
-            + ("; its labels are CPU times of interpreted kernels, not GPU times" if scale == "cpu" else ""))
+            + ("" if scale != "cpu" else "; its labels are CPU times of interpreted Triton kernels, not GPU times"
+               if space == "triton" else "; its labels are CPU times on one core, not GPU times")
+            + (f"; it starts from {len(prior)} earlier rows ({args.costmodel_rows})" if prior else "")
+            + ("" if args.forecaster == "costmodel" else ". Chosen because no LLM is named on this CPU: a forecast "
+               "takes milliseconds, where the embedded SmolLM2's take seconds and mean nothing (--forecaster llm "
+               "for them; --server URL for a real LLM)"))
         return forecaster, f"costmodel (online, LightGBM, gates from {n} labels)"
     choices = [  # (condition, name, builder of the backend): the first row that holds forecasts
         (args.forecaster_model, args.forecaster_model,  # a different local model
@@ -322,6 +390,26 @@ def choose_forecaster(args, llm, gated, costmodel, scale, say):
         ": a 135M model cannot judge kernels, its forecasts only exercise the pipeline; pass "
         "--server URL or --forecaster-model NAME (GPT-OSS-20B) for real forecasts" if embedded else ""))
     return forecaster, forecaster_name
+
+
+def costmodel_prior(paths):
+    """The rows the online cost model starts from (--costmodel-rows: comma-separated row files or
+    hf: names), or []; a path that cannot be read is a SetupError naming it."""
+    if not paths:
+        return []
+    from data.dataset import load_rows
+    from data.records import RecordError
+    from forecast_prompt import row_hardware
+    rows = []
+    for path in filter(None, paths.split(",")):
+        try:
+            read = load_rows(path)
+            for r in read:  # each row is shown its own hardware: one without a profile fails now, not mid-search
+                row_hardware(r, None)
+        except (OSError, RecordError, ValueError) as e:
+            raise SetupError(f"--costmodel-rows {path}: {str(e).splitlines()[0][:300]}") from None
+        rows += read
+    return rows
 
 
 def choose_budget(args, mutator_name, forecaster_name, costmodel, scale, say):

@@ -285,13 +285,18 @@ class CostModelForecaster:
     CostModel. Offline: `model` is a trained CostModel. Online (`online=True`, the search's): learn(rows)
     hands it the search's measured rows; before the next forecast it refits on them when new ones came,
     and until it has `min_labels` rows it defers every candidate to measurement (a Forecast with
-    deferred=True, as the abstain variant's: the gates measure it)."""
+    deferred=True, as the abstain variant's: the gates measure it). `prior`: rows measured before
+    (earlier searches' training rows, each shown its own hardware), which every fit starts from, so
+    that the first forecasts already have something to go on, as the paper's forecaster was
+    trained on past measurements before it gated a search; `min_labels` counts them too."""
 
     def __init__(self, model=None, *, hardware=None, name="costmodel", online=False,
-                 min_labels=ONLINE_MIN_LABELS, seed=0):
+                 min_labels=ONLINE_MIN_LABELS, seed=0, prior=()):
         self.cost_model, self.hardware, self.model = model, hardware, name
         self.online, self.min_labels, self.seed = online, min_labels, seed
-        self.rows, self.fitted_on, self.refits = [], 0, 0
+        self.prior = list(prior)
+        # -1: fit before the first forecast when there is a prior to fit on
+        self.rows, self.fitted_on, self.refits = [], -1 if self.prior else 0, 0
 
     def learn(self, rows):
         """The measured rows so far (training rows: anchor, candidate, speedup); all of them, each time."""
@@ -299,11 +304,12 @@ class CostModelForecaster:
 
     def _refit(self):
         self.fitted_on = len(self.rows)
-        if len(self.rows) < self.min_labels:
+        if len(self.prior) + len(self.rows) < self.min_labels:
             return
-        # the search's rows were measured here: every one gets this machine's profile
-        here = [{**r, "hardware": None} for r in self.rows]
-        X, y, groups, true_bins = labelled(here, self.hardware, where="the search's rows")
+        # the search's rows were measured here: every one gets this machine's profile; the prior's
+        # keep their own
+        here = self.prior + [{**r, "hardware": None} for r in self.rows]
+        X, y, groups, true_bins = labelled(here, self.hardware, where="the cost model's rows")
         try:
             self.cost_model = CostModel.train(X, y, groups, true_bins, seed=self.seed)
             self.refits += 1
@@ -320,14 +326,15 @@ class CostModelForecaster:
         if self.online and len(self.rows) != self.fitted_on:
             self._refit()
         if self.cost_model is None:
-            why = (f"cost model: {len(self.rows)} measured kernel(s), it gates from {self.min_labels}; "
-                   "deferred to measurement")
+            why = (f"cost model: {len(self.prior) + len(self.rows)} measured kernel(s), it gates from "
+                   f"{self.min_labels}; deferred to measurement")
             return [Forecast(deferred=True, reasoning=why, readout=None, model=self.model) for _ in pairs]
         hardware = hardware or [self.hardware] * len(pairs)
         X = [pair_features(t, a, c, hw) for (t, a, c), hw in zip(pairs, hardware)]
         P, mu, sigma = self.cost_model.predict(X)
         seconds = (time.perf_counter() - t0) / max(1, len(pairs))
-        fit = f" (fit on {len(self.rows)} measured kernels)" if self.online else ""
+        fit = (f" (fit on {len(self.rows)} measured kernels" + (f" and {len(self.prior)} earlier rows" if self.prior
+               else "") + ")") if self.online else ""
         return [Forecast(probs=[float(x) for x in p], predicted_bin=bins.predicted_bin(p), raw_sum=1.0,
                          reasoning=f"cost model{fit}: log2 speedup {m:+.2f} +- {s:.2f} (~{2 ** m:.2f}x)",
                          readout=None, model=self.model, seconds=seconds)

@@ -5,15 +5,20 @@ numbers instead, computed here from the source alone: no import, no compile, no 
 one row of floats per pair, in the order of feature_names():
 
 1. the candidate's code (CODE_KEYS, "cand_*"), and how it differs from the anchor's ("delta_*"):
-   - language: Triton (`@triton.jit`), CUDA (`__global__` source handed to load_inline), or torch
-     only; how many kernels it defines and launches (`kernel[grid](...)`), autotune configs;
+   - language: Triton (`@triton.jit`), a compiled extension (CUDA's `__global__` source, or C++
+     for a CPU, handed to load_inline), or torch only; how many kernels it defines and launches
+     (`kernel[grid](...)`), autotune configs;
+   - CPU code: torch.compile calls, C-style loops in C++ source, `omp simd` pragmas, flags that
+     let the compiler vectorise (-march=native, -fno-trapping-math, -ffast-math), and libm calls
+     in C++ (std::exp, std::fmax ...), which keep a loop scalar;
    - ops: `tl.dot` and torch matmuls (`@`, matmul, einsum, linear); reductions, Triton's
      (tl.sum/max/min/argmax/reduce/cumsum) and torch's (sum, amax, logsumexp, softmax, norm ...);
      loads, stores (masked or not), atomics, elementwise math (exp, exp2, log, sqrt, sigmoid,
      where), torch calls, allocations and copies (empty, zeros, clone, contiguous, .float());
      dtypes named (bf16, fp16, fp32, fp8);
-   - the `# tune:` constants (mutators.tunables: their count, and where each value sits among
-     its allowed values), and every named integer constant (module constants, keyword arguments,
+   - the `# tune:` constants (mutators.tunables: their count, where each value sits among its
+     allowed values, on average and hashed by name into TUNE_SLOTS slots, so that a 0/1 switch is
+     seen), and every named integer constant (module constants, keyword arguments,
      autotune dict entries, constexpr defaults) hashed by name into CONST_SLOTS slots of
      log2(value);
    - block sizes, num_warps and num_stages, found by name wherever they are set (`BLOCK_V = 1024`,
@@ -57,8 +62,9 @@ import zlib
 from mutators import tunables
 from tasks import TUNE_LINE
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: CPU code (torch.compile, C++ loops, omp simd, compiler flags, libm calls) and tune slots
 CONST_SLOTS = 8
+TUNE_SLOTS = 8
 
 # ---- 1. the code ----------------------------------------------------------------------------------
 
@@ -85,6 +91,11 @@ _COUNTS = {  # op counts by regex, so that code which does not parse still gets 
     "cuda_shared": r"__shared__",
     "cuda_sync": r"__syncthreads",
     "cuda_mma": r"\b(?:wmma|mma_sync|mma\.sync)\b",
+    "torch_compile": r"\btorch\.compile\s*\(",
+    "cpp_loop": r"\bfor\s*\(\s*(?:const\s+)?(?:int|int64_t|size_t|long|auto|unsigned)\b",
+    "omp_simd": r"\bomp\s+simd\b",
+    "vector_flag": r"-march=native|-fno-trapping-math|-ffast-math|-fopenmp-simd|-mprefer-vector-width",
+    "libm_call": r"\bstd::(?:exp|log|fmax|fmin|pow|tanh|erf)\s*\(|\b(?:expf|logf|fmaxf|powf)\s*\(",
 }
 _BLOCK = re.compile(r"BLOCK|TILE|CHUNK|GROUP|SPLIT", re.I)
 _WARPS = re.compile(r"WARPS", re.I)
@@ -93,7 +104,7 @@ _STAGES = re.compile(r"STAGES", re.I)
 CODE_KEYS = (
     "lang_triton", "lang_cuda", "lang_torch", "n_kernels", "masked_load",
     *_COUNTS,
-    "n_tunables", "tune_pos_mean",
+    "n_tunables", "tune_pos_mean", *(f"tune_slot{k}" for k in range(TUNE_SLOTS)),
     "block_max", "block_min", "block_prod", "warps_max", "warps_min", "stages_max",
     *(f"const_slot{k}" for k in range(CONST_SLOTS)),
     "kernel_loops", "kernel_loop_depth", "host_loops", "host_loop_depth", "static_range", "tl_range",
@@ -191,8 +202,13 @@ def code_features(code):
              masked_load=len(re.findall(r"\btl\.load\s*\([^)]*\bmask\s*=", text)))
     tune = tunables(code)
     f["n_tunables"] = len(tune)
-    f["tune_pos_mean"] = (sum(ch.index(v) / max(1, len(ch) - 1) if v in ch else 0.5 for v, ch in tune.values())
-                          / len(tune)) if tune else 0.0
+    position = {n: ch.index(v) / max(1, len(ch) - 1) if v in ch else 0.5 for n, (v, ch) in tune.items()}
+    f["tune_pos_mean"] = sum(position.values()) / len(tune) if tune else 0.0
+    for k in range(TUNE_SLOTS):  # 0: no tunable hashed here; 1 + position otherwise
+        f[f"tune_slot{k}"] = 0.0
+    for name, pos in position.items():
+        slot = f"tune_slot{zlib.crc32(name.encode()) % TUNE_SLOTS}"
+        f[slot] = max(f[slot], 1.0 + pos)
     ints = named_ints(tree) if tree else [(m["name"], int(m["value"])) for m in TUNE_LINE.finditer(code)]
     blocks = [v for n, v in ints if _BLOCK.search(n) and not _WARPS.search(n) and not _STAGES.search(n) and v > 0]
     warps = [v for n, v in ints if _WARPS.search(n) and v > 0]

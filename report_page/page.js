@@ -81,10 +81,9 @@
     for (const r of D.runs) {
       for (const t of r.state.notes.concat(r.notes)) notes.append(el("li", {}, (D.runs.length > 1 ? r.name + ": " : "") + t));
     }
-    const cpu = D.runs.filter((r) => r.ledger.cpu).map((r) => r.name);
-    if (cpu.length) notes.append(el("li", {}, (D.runs.length > 1 && cpu.length < D.runs.length ? cpu.join(", ") + ": " : "") +
-      "measured on CPU: the times are CPU times of Triton kernels run by its interpreter on small shapes; they exercise " +
-      "the machinery and say nothing about a GPU's speed"));
+    const cpu = D.runs.filter((r) => r.ledger.cpu);  // the note says which kernels: CPU code, or Triton interpreted
+    if (cpu.length) notes.append(el("li", {}, (D.runs.length > 1 && cpu.length < D.runs.length ? cpu.map((r) => r.name).join(", ") + ": " : "") +
+      cpu[0].ledger.cpu));
   }
 
   function ledger() {

@@ -3,10 +3,10 @@
 Two questions, on the machine at hand, in one run:
 
 1. Does the default CPU search find more with the cost model? For each --seeds seed it runs the
-   default CPU search (`python search.py --task T --seed S`: catalog mutator, budget 8, topk gate)
-   three ways, each a fresh process as a user runs it:
+   CPU search of the Triton space (`python search.py --task T --seed S --space triton`: catalog
+   mutator, budget 8, topk gate) three ways, each a fresh process as a user runs it:
        costmodel     --forecaster costmodel (refit online on the search's own measurements)
-       embedded LLM  the default: the embedded SmolLM2 forecasts, in --embedded-dtype auto
+       embedded LLM  --forecaster llm: the embedded SmolLM2 forecasts, in --embedded-dtype auto
        no gate       --gate none: every mutation measured, 4 per parent
    and reports the best speedup each found after its 8 measurements. The three arms share one
    fresh measurement cache (under --out): a kernel two arms both measure gets the same label, so
@@ -47,7 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_grpo import machine  # noqa: E402  (this script's folder is on sys.path)
 
-ARMS = (("costmodel", ["--forecaster", "costmodel"]), ("embedded LLM", []), ("no gate", ["--gate", "none"]))
+ARMS = (("costmodel", ["--forecaster", "costmodel"]), ("embedded LLM", ["--forecaster", "llm"]),
+        ("no gate", ["--gate", "none"]))
+# The figures of docs/COSTMODEL.md are the Triton space's, interpreted on a CPU; scripts/bench_figure4.py
+# runs the CPU's own kernels (search.py --space cpu).
+SPACE = ["--space", "triton"]
 CPU_NOTE = "labels: CPU times of Triton kernels run by its interpreter, not GPU times"
 
 
@@ -65,7 +69,7 @@ def run_searches(task, seeds, out, env):
         for arm, flags in ARMS:
             folder = out / "search" / f"{arm.replace(' ', '_')}-{seed}"
             argv = [sys.executable, "search.py", "--task", task, "--seed", str(seed), "--out", str(folder),
-                    "--no-progress", *flags]
+                    "--no-progress", *SPACE, *flags]
             t0 = time.perf_counter()
             proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t0
@@ -92,7 +96,7 @@ def run_row_searches(tasks, budget, out, env):
     for task in tasks:
         folder = out / "rows" / task
         argv = [sys.executable, "search.py", "--task", task, "--gate", "none", "--budget", str(budget), "--seed", "100",
-                "--out", str(folder), "--no-progress"]
+                "--out", str(folder), "--no-progress", *SPACE]
         t0 = time.perf_counter()
         proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -20,6 +20,14 @@ Python module that defines `custom_kernel(data)`. Each task's seed kernel (the P
 wrapped as `custom_kernel`, as in the paper) and hand-written variants live in
 `tasks/kernels/<task>/`: `seed.py` plus any other `*.py` file.
 
+A task has two spaces of hand-written variants (SPACES), one per kind of machine that times them:
+  triton  `tasks/kernels/<task>/*.py`: the GPU's kernels, Triton mostly. A machine without a GPU
+          runs them in Triton's interpreter, some hundred times slower than the PyTorch reference,
+          so there they test the machinery but are never fast.
+  cpu     `tasks/kernels/<task>/cpu/*.py`: real CPU code, timed on one core: PyTorch rewrites,
+          torch.compile with inductor's choices, hand-written C++ built with
+          torch.utils.cpp_extension.load_inline. Named `cpu/<stem>` beside the Triton ones.
+
 A task is named by its built-in name, by the path of a problem file (KernelBench's format or this
 project's own: tasks/problem_file.py turns either into an object with the names above), or as
 `kernelbench:LEVEL/NAME`, a problem of a KernelBench checkout. `get_task` is the one place a
@@ -119,18 +127,30 @@ def reference_source(name):
     return seed_source(name) if name in TASK_NAMES else get_task(name).source
 
 
-def variant_paths(name):
-    """Hand-written kernel variants of a task (every kernel file but the seed), sorted by name;
-    none for a file task."""
+SPACES = ("triton", "cpu")
+
+
+def variant_paths(name, space="triton"):
+    """Hand-written kernel variants of a task in a space (SPACES, or "all" for both), sorted by
+    name: every kernel file of its folder but the seed; none for a file task."""
+    if space not in (*SPACES, "all"):
+        raise ValueError(f"unknown kernel space {space!r}; choose one of: {', '.join(SPACES)}, all")
     if name not in TASK_NAMES:
         return []
-    folder = KERNELS_DIR / name
-    return sorted(p for p in folder.glob("*.py") if p.name != "seed.py" and not p.name.startswith("_"))
+    folders = [KERNELS_DIR / name] if space == "triton" else [KERNELS_DIR / name / "cpu"] if space == "cpu" \
+        else [KERNELS_DIR / name, KERNELS_DIR / name / "cpu"]
+    return [p for folder in folders
+            for p in sorted(folder.glob("*.py")) if p.name != "seed.py" and not p.name.startswith("_")]
 
 
-def variant_sources(name):
-    """{name: source} of a task's hand-written variants: a built-in task's files, a task file's own
-    `custom_kernel` (problem_file.py)."""
+def variant_name(path):
+    """A variant's name: its file's stem, `cpu/<stem>` for a CPU kernel (the two spaces may share a stem)."""
+    return f"cpu/{path.stem}" if path.parent.name == "cpu" else path.stem
+
+
+def variant_sources(name, space="triton"):
+    """{name: source} of a task's hand-written variants in a space (variant_paths): a built-in
+    task's files, a task file's own `custom_kernel` (problem_file.py; the same in every space)."""
     if name not in TASK_NAMES:
         return get_task(name).variant_sources()
-    return {p.stem: p.read_text() for p in variant_paths(name)}
+    return {variant_name(p): p.read_text() for p in variant_paths(name, space)}

@@ -246,6 +246,37 @@ def test_the_online_model_defers_until_it_has_enough_labels_then_refits_only_on_
     assert fc.refits == 2
 
 
+def test_the_online_model_with_earlier_rows_forecasts_from_the_first_child_and_adds_the_searchs(tmp_path):
+    """--costmodel-rows: the rows measured before are fit on before the first forecast (nothing is
+    deferred), and the search's own rows join them at each refit."""
+    rows = load_rows(synthetic_rows(tmp_path / "r.jsonl", 12, seed=0, hardware="cpu (x86_64, 2 cores)"))
+    fc = CostModelForecaster(hardware={"name": "CPU"}, online=True, min_labels=4, prior=rows[:8])
+    f = fc.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0]
+    assert not f.deferred and len(f.probs) == 8 and fc.refits == 1
+    assert "fit on 0 measured kernels and 8 earlier rows" in f.reasoning
+    fc.learn(rows[8:10])
+    f = fc.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0]
+    assert fc.refits == 2 and "fit on 2 measured kernels and 8 earlier rows" in f.reasoning
+    cold = CostModelForecaster(hardware={"name": "CPU"}, online=True, min_labels=4, prior=rows[:2])
+    assert cold.forecast_many("cross_entropy", rows[0]["anchor_code"], [rows[-1]["candidate_code"]])[0].deferred
+
+
+def test_search_refuses_costmodel_rows_without_the_cost_model(tmp_path, capsys):
+    rows = synthetic_rows(tmp_path / "r.jsonl", 4, seed=0, hardware="cpu (x86_64, 2 cores)")
+    for flags in (["--forecaster", "llm"], ["--gate", "none"]):
+        assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(rows), "--out", str(tmp_path / "x"),
+                            "--no-progress", *flags]) == 2
+        _one_line_error(capsys, "--costmodel-rows")
+    assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(tmp_path / "missing.jsonl"),
+                        "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    _one_line_error(capsys, "--costmodel-rows", "missing.jsonl")
+    odd = synthetic_rows(tmp_path / "odd.jsonl", 4, seed=0, hardware="FakeGPU")  # no profile: refused at start-up
+    assert search.main(["--task", "cross_entropy", "--costmodel-rows", str(odd), "--out", str(tmp_path / "x"),
+                        "--no-progress"]) == 2
+    _one_line_error(capsys, "--costmodel-rows", "unknown hardware 'FakeGPU'")
+    assert not (tmp_path / "x").exists()
+
+
 def _scripted_measure(task, src, **kw):
     """Speedup from the code: Triton kernels 1.5x, larger BLOCK_V faster (0.4 octave per doubling)."""
     from mutators import tunables
@@ -265,7 +296,7 @@ def test_search_with_the_cost_model_refits_online_and_resumes_without_refitting(
     assert search.main(argv) == 0
     printed = capsys.readouterr().out
     assert "forecaster: learned cost model" in printed and "until it has 3 of them" in printed
-    assert "CPU times of interpreted kernels" in printed and "mutations: 16 per parent" in printed
+    assert "CPU times on one core, not GPU times" in printed and "mutations: 16 per parent" in printed
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     forecasts = [e for e in events if e["kind"] == "forecast"]
     assert all(v["deferred"] and v["probs"] is None for v in forecasts[0]["payload"]["forecasts"])
@@ -321,14 +352,14 @@ def test_search_with_the_cost_model_end_to_end_with_real_measurements(tmp_path, 
     import tasks
     catalog = tasks.variant_sources
     # plain-PyTorch kernels only (interpreted Triton would add ~10 s a kernel and test nothing more)
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"],
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {"torch_inplace": catalog(name)["torch_inplace"],
                                                                 "torch_chunked": TORCH_CHUNKED})
     import measure
     # Real measurements, timed as briefly as --quick times them: nothing here reads how precise a
     # speedup is (a full CPU timing costs ~3 s of CPU a measurement, both sides)
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "cm"
-    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--budget", "2",
+    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--budget", "2", "--space", "triton",
             "--measure-per-parent", "1", "--scale", "cpu", "--out", str(out), "--no-progress"]
     assert search.main(argv) == 0, capsys.readouterr().err
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]

@@ -160,7 +160,7 @@ def test_fill_runs_a_goal_conditioned_search_for_the_short_bin_and_resumes(tmp_p
     import tasks
     catalog = tasks.variant_sources
     # the plain-PyTorch variant only: interpreted Triton would add ~15 s and test nothing more
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"]})
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {"torch_inplace": catalog(name)["torch_inplace"]})
     import measure
     # real measurements, timed as briefly as --quick times them: nothing here reads how precise a
     # speedup is (a full CPU timing costs ~3 s of CPU a measurement, both sides)
@@ -172,7 +172,7 @@ def test_fill_runs_a_goal_conditioned_search_for_the_short_bin_and_resumes(tmp_p
     src.write_text("".join(json.dumps(k) + "\n" for k in ks))
     out = tmp_path / "data"
     argv = [str(src), "--out", str(out), "--per-bin", "1", "--fill", "--fill-budget", "1",
-            "--mutator", "catalog", "--scale", "cpu"]
+            "--mutator", "catalog", "--scale", "cpu", "--space", "triton"]
     assert eval_set.main(argv) == 0, capsys.readouterr().err
     said = capsys.readouterr().out
     assert "bin 8 is short (0 of 1): goal-conditioned search on cross_entropy" in said

@@ -102,3 +102,22 @@ def test_hardware_profiles_and_names():
     h100 = HARDWARE_PROFILES["h100"]
     assert row_hardware({"hardware": "NVIDIA H100 80GB HBM3"}, A100) == h100
     assert row_hardware({"hardware": ""}, A100) == A100 and row_hardware({}, A100) == A100
+
+
+def test_a_kernel_timed_on_a_cpu_is_shown_the_cpu():
+    # issue 43: the paper conditions the forecast on the GPU; a CPU kernel's prompt names the CPU
+    from forecast_prompt import CPU_ROWS, cpu_profile, hardware_info, hardware_profile, is_cpu
+    here = hardware_info("cpu")
+    assert here == cpu_profile() and is_cpu(here) and here["name"].startswith("CPU: ")
+    system, user = [m["content"] for m in build_messages("cross_entropy", "ref", "cand", here)]
+    assert system.startswith("You are a CPU execution simulator") and "vectorisation" in system
+    table = user[user.index("Hardware:"):user.index("Candidate kernel")]
+    assert [line.split("|")[1].strip() for line in table.splitlines()[3:] if line.startswith("|")] == \
+        [label for _, label in CPU_ROWS]
+    assert here["name"] in table and "one core" in table and "SMs" not in table
+    paper = build_messages("cross_entropy", "ref", "cand", here, protocol="paper")[0]["content"]
+    assert paper.startswith("You are a GPU execution simulator")  # the original's text, whatever the hardware
+    gpu = build_messages("cross_entropy", "ref", "cand", hardware_profile("h100"))[0]["content"]
+    assert gpu.startswith("You are a GPU execution simulator") and "warp divergence" in gpu
+    row = hardware_profile("cpu (x86_64, 2 cores)")  # a row's CPU whose model was not recorded
+    assert is_cpu(row) and row["vector_isa"] == "not recorded"

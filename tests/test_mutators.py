@@ -111,3 +111,17 @@ def test_catalog_reads_the_real_task_variants():
     parent = Node("seed", tasks.seed_source("cross_entropy"), 1.0)
     out = CatalogMutator(variants).propose(parent, 16, {parent.code.strip()}, "0/0/0")
     assert {c["code"] for c in out} >= set(variants.values())
+
+
+def test_on_a_cpu_the_llm_is_asked_for_cpu_code_and_told_the_cpus_model():
+    from mutators import MUTATION_RULES, cpu_rules
+    rules = cpu_rules({"name": "CPU: Acme Vector 9000 (x86_64)"})
+    backend = RecordingBackend(["```python\nA = 1\n```"])
+    parent = Node("p", "def custom_kernel(data):\n    return data\n", 1.0, info={"result": OK_RESULT})
+    LLMMutator(backend, "T", rules=rules).propose(parent, 1, set(), "k")
+    system = backend.seen[0]["conversations"][0][0]["content"]
+    assert "one core of Acme Vector 9000 (x86_64)" in system and "load_inline" in system and "torch.compile" in system
+    assert "do not use it" in system and "already on the GPU" not in system  # Triton: the interpreter's
+    goal = mutation_messages("T", "code", OK_RESULT, target_bin=3, rules=rules)[0]["content"]
+    assert goal.startswith("You are an expert CPU performance engineer") and "one core of Acme" in goal
+    assert mutation_messages("T", "code", OK_RESULT)[0]["content"] == MUTATION_RULES  # the GPU's, as before

@@ -148,7 +148,30 @@ def test_the_view_of_a_handmade_log(tmp_path):
     assert led["seconds forecasting"] == "4.0 s" and led["seconds mutating"] == "0.8 s"
     assert led["forecaster tokens in / out"] == "500 / 100"
     assert led["considered per measurement"] == "2.50"
-    assert "interpreter" in led["times"]
+    assert "interpreter" in led["times"]  # a log before --space: the Triton kernels, in the interpreter
+    assert "Triton kernels run by its interpreter" in view["ledger"]["cpu"]
+    # no measurement recorded what it cost when made (measure.py's wall_s): nothing to add up
+    assert led["measuring's cost, builds included"] == "not recorded"
+
+
+def test_the_ledger_adds_up_what_measuring_and_forecasting_cost_on_a_cpu_space_run(tmp_path):
+    """Issue 43: what measuring cost with the builds in it (wall_s when made, a cached one too; the
+    build measure.py's build_s, else import and correctness seconds), what a forecast cost."""
+    events = handmade_events()
+    events[0]["payload"] = {**CONFIG, "space": "cpu"}
+    costs = {"seed": dict(wall_s=10.0, import_s=0.5, check_s=1.5),  # 2 s of build, as an older record says it
+             "s0p0c2": dict(wall_s=50.0, import_s=2.0, check_s=40.0, build_s=38.0, cached=True),
+             "s1p0c0": dict(wall_s=6.0, import_s=6.0)}  # a compile error: its import was all of it
+    for e in events:
+        if e["kind"] == "measurement":
+            e["payload"]["measurement"].update(costs[e["request_id"]])
+    view = report.build_run(write_log(tmp_path / "run", events))
+    led = ledger(view)
+    assert led["measuring's cost, builds included"].startswith("66.0 s, 46.0 s of it building the kernels")
+    assert "the 1 from the cache count what they cost when made" in led["measuring's cost, builds included"]
+    # 5 forecasts in 4 s; 66 s over 3 measurements
+    assert led["a forecast against a measurement"] == "0.80 s a forecast, 22.0 s a measurement: one measurement costs 28 forecasts"
+    assert "CPU kernels" in led["times"] and "interpreter" not in view["ledger"]["cpu"]
     # the audit: 1 of 2 audited skipped children beat its parent; the exact interval of 1/2
     a = view["audit"]
     assert (a["requested"], a["eligible"], a["scored"], a["misses"], a["beat_best"]) == (2, 2, 2, 1, 0)

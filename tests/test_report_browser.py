@@ -74,11 +74,11 @@ def test_a_cpu_searchs_report_in_headless_chromium(tmp_path, monkeypatch, capsys
     import measure
     import tasks
     # two plain-PyTorch kernels with a `# tune:` constant: the second step forecasts their edits
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {
         "torch_chunked": TORCH_CHUNKED, "hostile": HOSTILE_LINE + TORCH_CHUNKED})
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])  # --quick's timing: seconds each
     out = tmp_path / "run"
-    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--mutations", "3",
+    argv = ["--task", "cross_entropy", "--forecaster", "costmodel", "--costmodel-min-labels", "2", "--mutations", "3", "--space", "triton",
             "--measure-per-parent", "1", "--budget", "2", "--audit", "1", "--scale", "cpu", "--out", str(out),
             "--no-progress"]
     assert search.main(argv) == 0, capsys.readouterr().err

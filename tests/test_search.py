@@ -13,6 +13,7 @@ import math
 import random
 import threading
 import time
+import types
 
 import pytest
 from test_mutators import RecordingBackend
@@ -27,13 +28,14 @@ from search_setup import Plan
 # ---- scripted collaborators ------------------------------------------------------------------
 
 class FakeMeasurement:
-    def __init__(self, status, speedup=None, message="", cases=None):
+    def __init__(self, status, speedup=None, message="", cases=None, **seconds):
         self.status, self.speedup, self.message = status, speedup, message
         self.cases = cases or []
+        self.seconds = seconds  # wall_s, import_s, check_s, build_s, as measure.py reports them
 
     def to_dict(self):
         return dict(status=self.status, speedup=self.speedup, cases=self.cases, message=self.message,
-                    device="FakeGPU", timer="fake")
+                    device="FakeGPU", timer="fake", **self.seconds)
 
 
 class BitMeasure:
@@ -318,7 +320,7 @@ def test_outputs_and_training_rows(tmp_path):
     assert (out / "best_kernel.py").read_text() == s.archive.best().code
     saved = json.loads((out / "summary.json").read_text())
     assert saved["best_speedup"] == summary["best_speedup"] == max(r["aggregated_speedup"] for r in rows)
-    assert set(saved["time_s"]) == {"mutation", "forecast", "measurement", "this_run_wall"}
+    assert set(saved["time_s"]) == {"mutation", "forecast", "measurement", "measuring_cost", "build", "this_run_wall"}
     curve = saved["best_vs_measurements"]
     assert curve[0][0] == 0 and curve[-1][0] == 6 and all(a[1] <= b[1] for a, b in zip(curve, curve[1:]))
 
@@ -489,13 +491,13 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     import tasks
     catalog = tasks.variant_sources
     # The catalog's plain-PyTorch variant only: interpreted Triton would add ~15 s and test nothing more.
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {"torch_inplace": catalog(name)["torch_inplace"]})
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {"torch_inplace": catalog(name)["torch_inplace"]})
     import measure
     # A real measurement, timed as briefly as --quick times it: nothing here reads how precise the
     # seed's speedup is (a full CPU timing costs ~3 s of CPU, both sides)
     monkeypatch.setitem(measure.REPS, ("cpu", False), measure.REPS[("cpu", True)])
     out = tmp_path / "ce"
-    argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1",
+    argv = ["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "1", "--space", "triton",
             "--scale", "cpu", "--out", str(out), "--no-progress"]  # the scale pinned: a GPU machine defaults to benchmark
     rc = search.main(argv)
     captured = capsys.readouterr()
@@ -523,10 +525,61 @@ def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeyp
     assert (again["measurements"], again["best_speedup"]) == (1, summary["best_speedup"])
 
 
+def test_a_child_cut_unjudged_by_a_cold_forecaster_can_come_back_and_be_measured(tmp_path):
+    """Issue 43: the online cost model defers every child until it has labels, and topk then cuts
+    by the order of proposal. A finite catalog would lose the cut children for good (proposed
+    once, never again); a child cut while its forecast was a deferral is forgotten instead, so a
+    later mutation proposes it again and the gate, with a forecaster that has learnt, judges it."""
+    pool = ["10000000\n", "01000000\n", "11000000\n", "11100000\n", "11110000\n", "11111000\n"]
+
+    class FiniteCatalog:
+        name = "finite"
+
+        def propose(self, parent, n, seen, key):
+            return [{"code": c, "error": None, "meta": {}} for c in pool if c.strip() not in seen][:n]
+
+    class ColdForecaster(ScriptedForecaster):  # defers everything at first, as the cost model does
+        def forecast_many(self, task, reference_code, codes):
+            self.calls += 1
+            if self.calls == 1:
+                return [types.SimpleNamespace(probs=None, parse_failed=False, deferred=True, to_dict=dict)
+                        for _ in codes]
+            return [FakeForecast(self.script(code)) for code in codes]
+    measure = BitMeasure()
+    _, summary, _ = run(tmp_path, budget=4, gate="topk", mutations=6, measure_per_parent=2, parents=1,
+                        forecaster=ColdForecaster(ones_forecast), mutator=FiniteCatalog(), measure=measure)
+    assert measure.calls[1:3] == pool[:2]  # the cold step: the first two, by the order of proposal
+    assert measure.calls[3:] == ["11111000\n", "11110000\n"]  # cut then, proposed again, ranked first now
+    assert summary["best_speedup"] == 6.0
+
+
+def test_the_summary_counts_what_measuring_cost_builds_included_and_what_forecasting_cost(tmp_path):
+    """Issue 43: a measurement's cost is its wall_s when it was made (a cached one's included), and
+    its build is measure.py's build_s, or in an older record its import and correctness seconds."""
+    costs = iter([dict(wall_s=10.0, import_s=1.0, check_s=2.0)]  # the seed: no build_s, 3 s of build
+                 + [dict(wall_s=40.0, import_s=1.0, check_s=30.0, build_s=25.0)] * 20)
+
+    def measure_fn(task, source, **kw):
+        return FakeMeasurement("ok", 1.0 + source.count("1"), **next(costs))
+
+    class SlowForecaster(ScriptedForecaster):  # a forecast that takes time, as a real one does
+        def forecast_many(self, task, reference_code, codes):
+            time.sleep(0.01 * len(codes))
+            return super().forecast_many(task, reference_code, codes)
+    s, summary, _ = run(tmp_path, budget=3, gate="topk", forecaster=SlowForecaster(ones_forecast), measure=measure_fn)
+    t = summary["time_s"]
+    assert t["measuring_cost"] == 10.0 + 3 * 40.0 and t["build"] == 3.0 + 3 * 25.0
+    closing = search._report(summary)
+    assert f"measuring cost 130 s, {130 / 4:.1f} s a measurement (78 s of it building kernels" in closing
+    per = t["forecast"] / summary["forecasts"]
+    assert f"a measurement costs {130 / 4 / per:.0f} forecasts" in closing
+
+
 def test_main_command_measures_on_two_cpu_workers_at_once(tmp_path, capsys, monkeypatch):
     import tasks
     monkeypatch.setattr(tasks, "seed_source", lambda name: "00000000\n")
-    monkeypatch.setattr(tasks, "variant_sources", lambda name: {f"v{i}": "0" * i + "1" * (8 - i) + "\n" for i in range(8)})
+    monkeypatch.setattr(tasks, "variant_sources", lambda name, space="triton": {f"v{i}": "0" * i + "1" * (8 - i) + "\n"
+                                                                                for i in range(8)})
     monkeypatch.setattr("measure.measure", SlowBitMeasure())
     out = tmp_path / "two"
     rc = search.main(["--task", "cross_entropy", "--gate", "none", "--mutator", "catalog", "--budget", "6",
@@ -571,8 +624,8 @@ def test_the_embedded_forecaster_gets_the_dtype_asked_for(tmp_path, monkeypatch)
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
     for dtype in ("float32", None):
         FakeEmbeddedBackend.kwargs = None
-        argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "1",
-                "--out", str(tmp_path / str(dtype)), "--no-progress"] + (["--embedded-dtype", dtype] if dtype else [])
+        argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "1", "--forecaster",
+                "llm", "--out", str(tmp_path / str(dtype)), "--no-progress"] + (["--embedded-dtype", dtype] if dtype else [])
         assert search.main(argv) == 0
         assert FakeEmbeddedBackend.kwargs == {"dtype": dtype or "auto"}
 
@@ -588,7 +641,7 @@ def test_resuming_a_finished_gated_run_builds_no_forecaster(tmp_path, capsys, mo
     monkeypatch.setattr("measure.measure", lambda task, src, **kw: FakeMeasurement("ok", 1 + len(src) % 7 / 10))
     out = tmp_path / "gated"
     argv = ["--task", "cross_entropy", "--gate", "topk", "--mutator", "catalog", "--budget", "2",
-            "--out", str(out), "--no-progress"]
+            "--forecaster", "llm", "--out", str(out), "--no-progress"]
     assert search.main(argv) == 0
     printed = capsys.readouterr().out
     assert "forecaster: embedded SmolLM2-135M (logits read-out)" in printed

@@ -247,11 +247,11 @@ def custom_kernel(data):
 '''
 
 
-def choose(path, *flags, say=None):
+def choose(path, *flags, say=None, space="triton"):
     from search_setup import LLMChoice, LazyBackend, choose_mutator
     args = parse_args(["--task", str(path), "--unsafe-no-sandbox", *flags])
     llm = LLMChoice(embedded=LazyBackend(lambda: pytest.fail("the embedded model is built on first use only")))
-    return choose_mutator(args, llm, say or (lambda line: None))
+    return choose_mutator(args, llm, say or (lambda line: None), space)
 
 
 def test_a_task_file_with_its_own_kernel_is_mutated_by_the_catalog(tmp_path):
@@ -300,11 +300,38 @@ def test_a_task_with_nothing_to_mutate_gets_the_embedded_model_or_one_line(tmp_p
     monkeypatch.setattr(search_setup, "embedded_available", lambda: False)
     with pytest.raises(search_setup.SetupError, match="nothing can mutate plain here"):
         choose(path)
-    # the command: one line, exit 2, before any measurement
-    assert search.main(["--task", str(path), "--out", str(tmp_path / "run"), "--unsafe-no-sandbox"]) == 2
+    # the command: one line, exit 2, before any measurement (in the Triton space: on a CPU's own
+    # space the plain kernel has its compiled form to propose, below)
+    assert search.main(["--task", str(path), "--out", str(tmp_path / "run"), "--unsafe-no-sandbox",
+                        "--space", "triton"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("search.py: error: nothing can mutate plain here")
     assert not (tmp_path / "run").exists()
+
+
+def test_on_a_cpu_a_plain_pytorch_task_file_is_mutated_by_its_compiled_form_then_inductors_choices(tmp_path):
+    # issue 43: a user's op with no kernel of its own and no `# tune:` constant gets real mutations
+    # on a CPU without an LLM: its torch.compile form, then edits of inductor's choices in it
+    import tasks
+    from mutators import tunables
+    from puct import Node
+    path = tmp_path / "plain.py"
+    path.write_text(OWN_TASK)
+    said = []
+    mutator, name = choose(path, say=said.append, space="cpu")
+    assert name == "catalog" and "torch.compile form of each plain PyTorch kernel" in said[0]
+    seed = tasks.seed_source(str(path))
+    first = mutator.propose(Node("seed", seed, 1.0), 6, {seed.strip()}, "0/0/0")
+    assert [c["meta"]["edit"] for c in first] == ["torch.compile of the parent"]
+    compiled = first[0]["code"]
+    assert compiled.startswith(seed.rstrip()) and "custom_kernel = _torch.compile(custom_kernel" in compiled
+    assert set(tunables(compiled)) == {"COMPILE_DYNAMIC", "COMPILE_SIMDLEN", "COMPILE_MODE"}  # x @ w: a matmul
+    edits = mutator.propose(Node("c", compiled, 1.0), 10, {seed.strip(), compiled.strip()}, "0/1/0")
+    assert sorted(c["meta"]["edit"] for c in edits) == ["COMPILE_DYNAMIC 0 -> 1", "COMPILE_MODE 0 -> 1",
+                                                         "COMPILE_SIMDLEN 0 -> 1", "COMPILE_SIMDLEN 0 -> 256",
+                                                         "COMPILE_SIMDLEN 0 -> 512"]
+    # the Triton space keeps the old answer: the embedded model's rewrites
+    assert choose(path, space="triton")[1] == "embedded"
 
 
 def test_the_start_up_says_what_the_shared_cache_holds_for_this_run(tmp_path, monkeypatch):
@@ -396,3 +423,31 @@ def test_the_expected_duration_follows_what_the_search_will_do_and_what_it_cost_
     on_gpu = copy.copy(args)
     on_gpu.scale = "benchmark"
     assert search_setup.expected_duration(on_gpu, plan(scale="benchmark"))[0] is None  # nothing of this GPU known
+
+
+def test_the_kernel_space_is_the_cpus_own_without_a_gpu_and_the_start_up_line_says_how_to_choose():
+    # issue 43: a CPU search does not spend its budget on Triton's interpreter by default; a GPU's
+    # search is as it was; CPU kernels are refused where the measurements run on a GPU
+    from search_setup import SetupError, choose_space
+    said = []
+    assert choose_space(parse_args(["--task", "cross_entropy"]), False, said.append) == "cpu"
+    assert said[-1].startswith("kernel space: cpu (tasks/kernels/cross_entropy/cpu/") and "--space triton" in said[-1]
+    assert choose_space(parse_args(["--task", "cross_entropy"]), True, said.append) == "triton"
+    assert said[-1] == "kernel space: triton (tasks/kernels/cross_entropy/: the GPU's kernels)"
+    assert choose_space(parse_args(["--task", "cross_entropy", "--space", "triton"]), False, said.append) == "triton"
+    assert "Triton's interpreter runs them" in said[-1] and "--space cpu" in said[-1]
+    assert choose_space(parse_args(["--task", "cross_entropy", "--space", "all"]), False, said.append) == "all"
+    for space in ("cpu", "all"):
+        with pytest.raises(SetupError, match=f"--space {space} searches CPU kernels"):
+            choose_space(parse_args(["--task", "cross_entropy", "--space", space]), True, said.append)
+
+
+def test_the_cost_model_forecasts_on_a_cpu_unless_an_llm_is_named():
+    from search_setup import forecasts_with_costmodel
+    cpu = lambda *flags: forecasts_with_costmodel(parse_args(["--task", "cross_entropy", *flags]), "cpu")  # noqa: E731
+    assert cpu() and cpu("--forecaster", "costmodel")
+    assert not cpu("--forecaster", "llm")  # the embedded SmolLM2, asked for
+    for named in (["--server", "http://localhost:8000/v1"], ["--model", "m"], ["--forecaster-model", "m"],
+                  ["--readout", "verbalized"], ["--abstain"]):
+        assert not cpu(*named), named
+    assert not forecasts_with_costmodel(parse_args(["--task", "cross_entropy"]), "benchmark")  # a GPU: as it was

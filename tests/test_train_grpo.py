@@ -162,7 +162,7 @@ def test_the_prompt_shows_each_rows_own_hardware_and_the_protocols_prompt():
         shown = [prompt(r) for r in rows]
         devices = [next(x for x in m[1]["content"].splitlines() if x.startswith("| device |")) for m, _ in shown]
         assert devices == ["| device | NVIDIA L40S |", "| device | NVIDIA A100-SXM4-80GB |",
-                           "| device | CPU (Triton interpreter; CPU times, not GPU times) |"]
+                           "| device | CPU (model not recorded; CPU times, not GPU times) |"]
         assert all(marker in m[1]["content"] for m, _ in shown)
         assert shown[0][1][0]["function"]["parameters"]["required"][5] == \
             ("p_minor_speedup" if protocol == "paper" else "p_moderate_speedup")
