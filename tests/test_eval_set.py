@@ -155,6 +155,7 @@ def test_build_bad_inputs_are_one_line(tmp_path, capsys):
 
 # ---- --fill: a goal-conditioned search per short bin, measured for real on CPU --------------------
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_fill_runs_a_goal_conditioned_search_for_the_short_bin_and_resumes(tmp_path, capsys, monkeypatch):
     import tasks

@@ -29,7 +29,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KEY = bytes(range(7, 7 + 32))
 # every class of length: empty, within a block, block edges, within a chunk, chunk edges, a tree
 # with an odd node carried up (3 chunks), and 6 chunks with a short last one
-LENGTHS = [0, 1, 63, 64, 65, 1023, 1024, 1025, 2048, 3072, 5 * 1024 + 7]
+LENGTHS = [0, 1, 63, 64, 65, 1024, 1025, 3072, 5 * 1024 + 7]  # chunk edges, an odd tree, a partial last chunk
 
 
 def random_bytes(n, seed):

@@ -52,6 +52,7 @@ def custom_kernel(data: input_t) -> output_t:
     assert m.status == "ok", m.message
 
 
+@pytest.mark.attacks
 @pytest.mark.slow
 def test_a_kernel_that_ignores_the_mask_is_incorrect():
     m = run(TRIMUL + "\ndef custom_kernel(data):\n    return _trimul(*data, use_mask=False)\n")
@@ -127,6 +128,7 @@ def test_cpu_only_shapes_are_labelled_in_verdicts_and_gpu_cases_are_the_original
 # extensions, torch.cuda queried at import). On CPU their verdict must say so in one line, not
 # read as a bug in the kernel. These kernels are ours, written to reproduce each pattern.
 
+@pytest.mark.attacks
 @pytest.mark.slow
 def test_inline_assembly_cannot_run_on_cpu_and_says_why():
     pytest.importorskip("triton")
@@ -169,6 +171,7 @@ def test_a_kernel_that_asks_torch_cuda_at_import_cannot_run_on_cpu_and_says_why(
     assert said.startswith("cannot run on CPU: the kernel needs a CUDA device") and "\n" not in m.message
 
 
+@pytest.mark.attacks
 @pytest.mark.slow
 def test_a_kernel_that_returns_the_same_buffer_from_every_call_is_judged_on_each_answer():
     # Scratch kept across calls, the output among it (GPU MODE checks each output before the next

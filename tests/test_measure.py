@@ -106,6 +106,7 @@ def custom_kernel(data):
     assert m.status == "incorrect", m.message
 
 
+@pytest.mark.attacks
 def test_cache_keyed_by_pointer_is_caught_on_unseen_inputs():
     src = BODY + '''
 _saved = {}
@@ -125,6 +126,7 @@ def custom_kernel(data):
 
 # ---- writing into the inputs, unwritten outputs ---------------------------------------------------
 
+@pytest.mark.attacks
 def test_writing_into_inputs_is_stopped():
     """On CPU the inputs are the trusted side's, mapped read-only: the first write faults, and the
     verdict says what that means (on a GPU the reference checks the inputs' fingerprint instead)."""
@@ -139,6 +141,7 @@ def custom_kernel(data):
     assert m.status == "crashed" and "read-only input tensor" in m.message, m.message
 
 
+@pytest.mark.attacks
 def test_partially_written_output_is_incorrect():
     src = BODY + '''
 def custom_kernel(data):
@@ -155,6 +158,7 @@ def custom_kernel(data):
 
 # ---- lazy or downgraded outputs ---------------------------------------------------------------------
 
+@pytest.mark.attacks
 def test_a_wrong_answer_in_a_timed_block_is_caught_while_the_next_is_timed(monkeypatch):
     """On CPU the reference worker judges a block's calls while the next block is timed, and
     makes that block's inputs meanwhile (harness.cpu_windows.CpuWindows.ref_later). A kernel that turns
@@ -191,6 +195,7 @@ def custom_kernel(data):
     assert max(waiting) >= 1 or len(os.sched_getaffinity(0)) == 1  # it did work beside the timed pair
 
 
+@pytest.mark.attacks
 @pytest.mark.slow
 def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
     """With a core of its own the reference worker makes the next block's inputs and checks the
@@ -225,6 +230,7 @@ def test_on_one_core_the_reference_worker_works_between_blocks(monkeypatch):
     assert waiting == {False: 0}
 
 
+@pytest.mark.attacks
 def test_tensor_subclass_output_is_incorrect():
     src = BODY + '''
 class Lazy(torch.Tensor):
@@ -306,6 +312,7 @@ def test_segfault_is_crashed():
     assert m.status == "crashed" and "SIGSEGV" in m.message
 
 
+@pytest.mark.attacks
 def test_sys_exit_is_the_kernels_runtime_error():
     """sys.exit inside the kernel is an exception it raised, reported by its worker: a runtime
     error, said to be the worker's words (never the harness's), and cached like any."""
@@ -386,6 +393,7 @@ def test_unsafe_no_sandbox_measures_where_bubblewrap_cannot_run(monkeypatch):
     assert "unsafe" in m.sandbox
 
 
+@pytest.mark.attacks
 def test_a_sandboxed_measurement_after_an_unsandboxed_one_in_the_same_thread():
     """The thread's folders were made by the unsandboxed measurement; the sandboxed reference
     worker (the sandbox's uid, where the sandbox drops root) still writes its inputs there."""
@@ -435,6 +443,7 @@ def cli(*args):
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_json_on_a_triton_variant(tmp_path):
     variant = next(p for p in variant_paths("fp8_quant") if p.stem == "triton_rowgroup")  # the quickest to interpret
@@ -465,6 +474,7 @@ def test_cli_binary_or_non_utf8_candidate_is_one_line(tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr and not r.stdout
 
 
+@pytest.mark.e2e
 def test_cli_a_failed_candidate_exits_1_with_its_verdict_and_its_own_file_named(tmp_path):
     """Test runners' convention: 0 for `ok`, 1 for a candidate that failed (its verdict printed all
     the same), 2 for a usage error (above). A syntax error names the user's file, not the name the

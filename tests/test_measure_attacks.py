@@ -131,6 +131,7 @@ def has_cgroup():
 
 # ---- class 1: work the clock never sees --------------------------------------------------------
 
+@pytest.mark.attacks
 def test_work_in_a_helper_process_reaped_behind_the_clock_is_counted(attack):
     """With a cgroup, the helper's CPU time is in the sandbox's clock, reaped or not."""
     if not has_cgroup():
@@ -145,6 +146,7 @@ def test_without_a_cgroup_a_candidate_may_not_start_processes(attack, no_cgroup)
     assert m.status == "runtime_error" and "not permitted" in m.message, m.message
 
 
+@pytest.mark.attacks
 def test_work_while_the_reference_runs_is_impossible_the_candidate_is_frozen(attack):
     """A thread means to thrash the caches while the reference is timed. The candidate's sandbox
     is frozen outside its own windows, so the thread runs only inside them, on the candidate's
@@ -154,6 +156,7 @@ def test_work_while_the_reference_runs_is_impossible_the_candidate_is_frozen(att
     assert all(c["hidden_ms"] <= FREEZE_TAIL_MS * c["windows"] for c in m.cases), [(c["hidden_ms"], c["windows"]) for c in m.cases]
 
 
+@pytest.mark.attacks
 def test_inputs_appear_only_when_the_candidates_call_starts(attack):
     m = at_most_honest(attack, "early_inputs")
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
@@ -235,6 +238,7 @@ def test_a_timed_windows_reply_is_where_its_outputs_are_and_nothing_else(line):
     assert measure_channel.parse_where(b"7f:1,a0:3") == [(0x7f, 1), (0xa0, 3)]
 
 
+@pytest.mark.attacks
 @pytest.mark.parametrize("kind", ["deep", *tier("string_for_number")])  # every kind through the parser above
 def test_a_malformed_reply_is_rejected_never_an_exception(attack, kind):
     m = attack("malformed_reply", kind=kind)
@@ -338,6 +342,7 @@ def test_printable_escapes_and_bounds():
 
 # ---- class 1: tampering inside the worker ---------------------------------------------------------
 
+@pytest.mark.attacks
 def test_replacing_the_checkers_code_does_not_reach_the_verdict(attack):
     m = attack("code_of_check")
     assert m.status == "incorrect", m.message
@@ -349,6 +354,7 @@ def test_work_in_threads_that_exit_still_counts(attack):
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
+@pytest.mark.attacks
 def test_computing_only_the_handed_over_call_is_caught(attack):
     """On CPU nothing is handed over: the parent reads every call's outputs from the frozen
     process as its window ends, so the placeholders are what is judged."""
@@ -405,6 +411,7 @@ def test_a_pickle_on_the_channel_never_runs_in_the_parent(attack):
     assert not Path("/tmp/pwned-pickle").exists()
 
 
+@pytest.mark.attacks
 def test_forged_replies_are_not_believed(attack):
     m = attack("forged_reply")
     assert m.status in ("rejected", "crashed"), m.message
@@ -437,6 +444,7 @@ def test_planted_byte_code_and_sitecustomize_do_not_land(attack):
     assert not list((ROOT / "tasks" / "__pycache__").glob("_check*")) if (ROOT / "tasks" / "__pycache__").exists() else True
 
 
+@pytest.mark.attacks
 @pytest.mark.parametrize("name", ["daemon", *tier("sigterm_grandchild")])
 def test_daemons_and_grandchildren_die_with_the_sandbox(attack, name):
     m = attack(name)  # the fixture asserts that no pwned-* process is left
@@ -452,6 +460,7 @@ def test_memory_held_in_a_child_process_counts(attack):
         assert m.status == "compile_error" and "not permitted" in m.message, m.message
 
 
+@pytest.mark.attacks
 def test_a_fork_bomb_is_stopped(attack):
     m = attack("fork_bomb", timeout_s=60)
     if has_cgroup():
@@ -501,6 +510,7 @@ def test_a_leaner_timed_window_is_no_faster_than_the_honest_one(attack):
     assert m.status == "ok" and m.speedup < FORGED, (m.status, m.message, m.speedup)
 
 
+@pytest.mark.attacks
 def test_housekeeping_between_windows_cannot_run_there(attack):
     """The sandbox is frozen outside the candidate's windows: a helper thread's housekeeping runs
     inside them, on the candidate's clock, and no CPU is used outside them at all."""
@@ -511,6 +521,7 @@ def test_housekeeping_between_windows_cannot_run_there(attack):
     assert all(c["hidden_ms"] <= FREEZE_TAIL_MS * c["windows"] for c in m.cases), [(c["hidden_ms"], c["windows"]) for c in m.cases]
 
 
+@pytest.mark.attacks
 def test_padded_correctness_calls_size_nothing(attack, monkeypatch):
     """Blocks are sized from the timed windows alone, and the warm-up is by time: a candidate
     that pads exactly its correctness calls still gets full blocks of one-call windows."""
@@ -536,27 +547,31 @@ def test_an_output_hiding_most_of_its_error_under_atol_is_incorrect(attack):
     assert m.status == "incorrect" and "mean absolute error" in m.message, m.message
 
 
+@pytest.mark.attacks
 def test_an_output_of_another_dtype_than_the_tasks_is_incorrect(attack):
     m = attack("fp8_half_output", task="fp8_quant")
     assert m.status == "incorrect" and "dtype float16, expected float32" in m.message, m.message
 
 
+@pytest.mark.attacks
 def test_host_wide_quotas_other_sockets_and_host_proc_views_are_out_of_reach(attack):
     m = attack("host_quotas")
     assert m.status == "ok", m.message
 
 
+@pytest.mark.attacks
 def test_sibling_processes_are_out_of_reach(attack):
     m = attack("reach_siblings")
     assert m.status == "ok", m.message
 
 
+@pytest.mark.attacks
 def test_the_import_time_is_the_parents_clock(attack):
     m = attack("forged_load_reply")
     assert m.status == "rejected" and "unexpected field" in m.message, m.message
 
 
-@pytest.mark.parametrize("name", ["reuse_freed_result", "poison_expected"])
+@pytest.mark.parametrize("name", ["poison_expected", *tier("reuse_freed_result")])
 def test_attacks_of_the_public_suites_that_need_the_checkers_state_fail(attack, name):
     """The checker's state is in another process: poisoning what the candidate can reach writes
     into its read-only inputs (crashed) or nothing that matters (incorrect)."""
@@ -672,6 +687,7 @@ def test_every_cpu_millisecond_of_the_candidates_sandbox_is_in_a_window_or_charg
         assert outside < 0.05 * total, (total, windows, outside)
 
 
+@pytest.mark.e2e
 def test_a_measurement_whose_workers_another_thread_closes_is_the_harnesss_not_a_verdict(tmp_path, monkeypatch):
     """A Ctrl-C ends a run's workers from the main thread while a measuring thread is inside a
     measurement: that measurement raises HarnessError (never a verdict that a search would log),
@@ -847,6 +863,7 @@ def test_a_sandbox_holding_all_it_can_leaves_the_hosts_counts_alone(tmp_path):
         box.close()
 
 
+@pytest.mark.attacks
 def test_a_candidate_cannot_speak_for_the_harness(attack):
     """Class 7: a wrong kernel writes the worker's own out-of-memory-in-the-harness line and exits.
     The parent takes a candidate worker's error as the kernel's runtime error, in its worker's

@@ -216,6 +216,7 @@ def test_worker_sets_claim_cores_that_no_other_set_on_the_machine_holds(tmp_path
         assert first.core_lock is None
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_spare_worker_boots_at_idle_priority_and_wake_up_restores_it():
     """Measured: a spare pair booting beside a measurement at normal priority took two thirds of

@@ -485,6 +485,7 @@ def _no_model_builds(monkeypatch):
         monkeypatch.setattr(forecaster_backends, name, refuse)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_main_command_end_to_end_on_cpu_and_its_resume(tmp_path, capsys, monkeypatch):
     pytest.importorskip("measure")

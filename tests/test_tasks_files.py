@@ -166,7 +166,9 @@ def test_readme_task_file_is_short_and_a_task(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, text, first", [
     ("my_op.py", None, "variant my_op"),  # the README's file: its own kernel is the first child
-    ("residual_mlp.py", PROBLEM + "\nCHUNK = 8  # tune: 4, 8\n", "CHUNK 8 -> 4")])  # a marked constant, edited
+    # a marked constant, edited (in the Triton space: on a CPU the compiled form would come first)
+    pytest.param("residual_mlp.py", PROBLEM + "\nCHUNK = 8  # tune: 4, 8\n", "CHUNK 8 -> 4", marks=pytest.mark.e2e)])
+@pytest.mark.e2e
 def test_search_runs_end_to_end_on_a_problem_file(tmp_path, name, text, first, capsys, monkeypatch):
     # real measurements of the seed and of one mutation, timed as briefly as --quick times them:
     # nothing here reads how precise a speedup is (a full CPU timing costs ~3 s of CPU, both sides)
@@ -174,7 +176,7 @@ def test_search_runs_end_to_end_on_a_problem_file(tmp_path, name, text, first, c
     path = write(tmp_path, name, text or readme_task())
     out = tmp_path / "run"
     argv = ["--task", path, "--out", str(out), "--mutator", "catalog", "--gate", "none", "--budget", "1",
-            "--no-progress"]
+            "--no-progress"] + (["--space", "triton"] if "CHUNK" in first else [])
     assert search.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_speedup"] > 0 and summary["measurements"] == 1
