@@ -216,7 +216,7 @@ def measure(task, source, *, device=None, gpu=None, scale=None, timeout_s=None, 
     base = dict(task=task, device=device_name, scale=scale, baseline=baseline, source_sha256=sha, sandbox=sandbox,
                 timer=("parent clock: wall time of each block, paired with the reference's (GPU)" if device == "cuda" else
                        "parent clock: CPU time of each sandbox per window, paired with the reference's "
-                       f"(Triton interpreter; not GPU times; allocator: {'jemalloc' if jemalloc() else 'glibc'})"))
+                       f"(one core; Triton runs in its interpreter; not GPU times; allocator: {'jemalloc' if jemalloc() else 'glibc'})"))
 
     reason = screen_source(source)
     if reason:

@@ -188,13 +188,27 @@ def _under(path, top):
 
 
 def python_paths():
-    """What the interpreter needs: its prefixes (stdlib, libpython, the virtualenv) and every
-    site-packages directory on sys.path. Not the project (only its task files are bound)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    paths |= {p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p)}
-    keep = sorted({os.path.realpath(p) for p in paths})
-    keep = [p for p in keep if not _under(p, "/usr")]  # /usr is bound whole
-    return [p for i, p in enumerate(keep) if not any(_under(p, q) for q in keep[:i])]
+    """What the interpreter needs, as (source, where the sandbox sees it): its prefixes (stdlib,
+    libpython, the virtualenv) and every site-packages directory on sys.path. Each is bound where
+    it really is and, where a symbolic link leads to it (a virtualenv folder that is a link, a
+    shim), also under the name the interpreter uses: the worker is started as sys.executable,
+    which must exist inside too. Not the project (only its task files are bound)."""
+    named = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+             os.path.dirname(os.path.realpath(sys.executable))}
+    named |= {p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p)}
+    pairs = {}
+    for p in named:
+        real, name = os.path.realpath(p), os.path.abspath(p)
+        pairs[real] = real
+        pairs.setdefault(name, real)
+    keep = []
+    for dest in sorted(d for d in pairs if not _under(d, "/usr")):  # /usr is bound whole
+        src = pairs[dest]
+        # a folder inside one already bound is there, unless a link moved it elsewhere
+        if not any(_under(dest, d) and src == os.path.join(s, os.path.relpath(dest, d)).rstrip("/.")
+                   for s, d in keep):
+            keep.append((src, dest))
+    return keep
 
 
 def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
@@ -230,8 +244,8 @@ def bwrap_argv(device, binds_rw=(), binds_ro=(), open_parents=False):
     made |= {"/proc", "/dev", "/tmp", "/dev/shm"}
     for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives"):  # the linker; cc -> gcc
         bind("--ro-bind-try", f"/etc/{etc}", f"/etc/{etc}")
-    for path in python_paths():
-        bind("--ro-bind", path, path)
+    for src, dest in python_paths():
+        bind("--ro-bind", src, dest)
     # The harness's own files, alone: the worker, the digest it computes on a GPU, and the task definitions.
     bind("--ro-bind", WORKER, WORKER)
     for name in ("__init__.py", "fingerprint.py"):  # the GPU workers' digests (measure_worker.Worker.run)
@@ -723,6 +737,11 @@ def sandbox_plan():
 
 def _namespace_problem(message):
     last = (message.strip().splitlines() or ["no message"])[-1][:160]
+    if "failed to execute" in message or "execvp" in message:
+        # the sandbox stood up, and what it was to run is not inside it: not a namespace problem
+        return (f"the sandbox started but could not run this Python inside it ({last}): {sys.executable} or "
+                "what it links to is outside the folders the sandbox binds; name that folder in "
+                "GPU_FORECASTERS_SANDBOX_BIND (colon-separated), or run from a virtualenv that is not a link")
     return ("bubblewrap cannot create its sandbox here (" + last + "): enable unprivileged user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), "
             "or pass --unsafe-no-sandbox")

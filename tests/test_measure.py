@@ -533,3 +533,39 @@ def test_reference_worker_reports_its_peak_gpu_memory():
     assert m.status == "ok", m.message
     # cross_entropy's benchmark shapes hold GB of logits per call; a block holds several calls.
     assert 1.0 < m.reference_peak_gb < 80.0, m.reference_peak_gb
+
+
+def test_an_interpreter_reached_through_a_link_is_bound_under_both_names(tmp_path, monkeypatch):
+    """A virtualenv folder that is a symbolic link: the worker starts as sys.executable, the
+    link's name, so the sandbox binds the real folder there too; and where what it was to run is
+    missing inside, the error names that, not user namespaces (a new user's setpriv error)."""
+    from harness import measure_sandbox
+    real = tmp_path / "real-venv"
+    (real / "bin").mkdir(parents=True)
+    link = tmp_path / "venv"
+    link.symlink_to(real)
+    monkeypatch.setattr(sys, "prefix", str(link))
+    monkeypatch.setattr(sys, "exec_prefix", str(link))
+    monkeypatch.setattr(sys, "executable", str(link / "bin" / "python"))
+    binds = measure_sandbox.python_paths()
+    assert (str(real), str(link)) in binds and (str(real), str(real)) in binds
+    assert not any(dest.startswith(str(real) + "/") or dest.startswith(str(link) + "/") for _, dest in binds)
+    said = measure_sandbox._namespace_problem(f"setpriv: failed to execute {link}/bin/python: No such file or directory")
+    assert "could not run this Python inside it" in said and "namespaces" not in said
+    assert "namespaces" in measure_sandbox._namespace_problem("bwrap: No permissions to creating new namespace")
+
+
+@pytest.mark.e2e
+def test_a_measurement_from_a_virtualenv_reached_through_a_link(tmp_path):
+    from harness import measure_sandbox
+    if measure_sandbox.sandbox_plan().problem:
+        pytest.skip("bubblewrap cannot run here")
+    link = tmp_path / "venv"
+    link.symlink_to(sys.prefix)
+    candidate = tmp_path / "seed.py"
+    candidate.write_text(seed_source(TASK))
+    out = subprocess.run([str(link / "bin" / "python"), "measure.py", "--task", TASK, "--candidate", str(candidate),
+                          "--quick", "--no-cache", "--json"], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert json.loads(out.stdout)["status"] == "ok"
