@@ -11,8 +11,9 @@ def custom_kernel(data):
     logits, targets, grad_output = data
     x = logits.float()
     losses = torch.logsumexp(x, dim=-1) - x.gather(1, targets[:, None]).squeeze(1)
-    probs = torch.softmax(x, dim=-1)
+    grad = torch.softmax(x, dim=-1)
     del x
-    probs.scatter_add_(1, targets[:, None], torch.full_like(targets[:, None], -1, dtype=probs.dtype))
-    grad_logits = (probs * grad_output[:, None]).to(torch.bfloat16)
-    return losses, grad_logits
+    rows = torch.arange(grad.shape[0], device=grad.device)
+    grad[rows, targets] -= 1.0
+    grad.mul_(grad_output[:, None])  # in place, as the reference: a seed that allocated here ran 3-5% slower on CPU
+    return losses, grad.to(torch.bfloat16)
