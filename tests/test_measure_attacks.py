@@ -879,3 +879,23 @@ def test_a_kernel_computing_below_its_contracts_precision_is_incorrect(attack):
     the shifted check cases, on several seeds each, catch it every time."""
     m = attack("bf16_softmax")
     assert m.status == "incorrect" and "shift" in m.message, (m.status, m.message)
+
+
+@pytest.mark.attacks
+def test_no_candidates_build_reaches_another_candidates_measurement(attack, tmp_path):
+    """Property 16: a candidate's builds (C++ extensions, inductor's and Triton's caches, the
+    precompiled header) land in its sandbox's private /tmp, gone with it; the next candidate,
+    measured by the same thread and worker set, finds none of what the first one planted."""
+    planted = attack("poison_build_cache")
+    assert planted.status == "ok", planted.message
+    looked = attack("poison_build_cache_look")
+    assert looked.status == "ok", looked.message
+    # the look can fail: where a plant is in its view (one shared HOME), it raises
+    home = tmp_path / "shared-home"
+    victim = home / ".cache" / "torch_extensions" / "py311_cpu" / "victim_op" / "victim_op.so"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"planted")
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ATTACKS / "poison_build_cache_look.py")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "planted by another candidate is here" in out.stderr, out.stderr[-400:]
