@@ -233,18 +233,22 @@ FREEZING_DOC = """
 #                    for the CPU's matmul library); the model runs under torch.no_grad"""
 COMPILED_FUNCTION = """custom_kernel = _torch.compile(custom_kernel, dynamic=True if COMPILE_DYNAMIC else None{mode})
 """
-COMPILED_MODEL = """_EagerModelNew = ModelNew
+# ModelNew's own class, its forward compiled in place: KernelBench's code names its class in
+# `super(ModelNew, self).__init__()`, which a subclass of the same name would turn into a call of
+# itself (every such problem failed to load).
+COMPILED_MODEL = """_eager_init, _eager_forward = ModelNew.__init__, ModelNew.forward
 
 
-class ModelNew(_EagerModelNew):
-    \"\"\"ModelNew above with its forward compiled (the same parameters, created in the same order).\"\"\"
+def _compiled_init(self, *args, **kwargs):
+    _eager_init(self, *args, **kwargs)  # the same parameters, created in the same order
+    self._compiled_forward = _torch.compile(_eager_forward.__get__(self), dynamic=True if COMPILE_DYNAMIC else None{mode})
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._compiled_forward = _torch.compile(super().forward, dynamic=True if COMPILE_DYNAMIC else None{mode})
 
-    def forward(self, *args, **kwargs):
-        return self._compiled_forward(*args, **kwargs)
+def _compiled_call(self, *args, **kwargs):
+    return self._compiled_forward(*args, **kwargs)
+
+
+ModelNew.__init__, ModelNew.forward = _compiled_init, _compiled_call
 """
 
 
