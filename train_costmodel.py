@@ -12,8 +12,8 @@ rows that name none); its label is log2 of its measured speedup. The command pri
 calibration of the model's bin probabilities on held-out rows (costmodel.py: out-of-fold
 forecasts, kernels grouped by code), uniform and uncalibrated beside it, and writes the model to
 --out (a folder, replaced whole or not at all; its costmodel.json repeats the report).
-Rows measured on a CPU carry CPU times of interpreted Triton kernels, not GPU times: the report
-says so when they are among the rows.
+Rows measured on a CPU carry CPU times (of CPU kernels, or of Triton kernels in its interpreter),
+not GPU times: the report says so when they are among the rows.
 """
 import json
 import sys
@@ -93,8 +93,8 @@ def main(argv=None):
           f"{len(rows)} rows of {', '.join(sorted({r['pack'] for r in rows}))} in {rep['train_seconds']:.1f} s "
           f"(features {t_features:.1f} s)")
     if cpu_rows:
-        print(f"note: {cpu_rows} of the {len(rows)} rows were measured on a CPU: their labels are CPU times of "
-              "interpreted Triton kernels, not GPU times")
+        print(f"note: {cpu_rows} of the {len(rows)} rows were measured on a CPU: their labels are CPU times on one core "
+              "(CPU kernels, or Triton kernels in its interpreter), not GPU times")
     print(format_report(rep))
     print(f"wrote {args.out}/ (costmodel.json, booster*.txt); forecast with: python forecaster.py --eval ROWS.jsonl "
           f"--costmodel {args.out} --out PRED.jsonl")
