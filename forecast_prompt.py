@@ -103,22 +103,29 @@ def is_cpu(hardware):
     return str((hardware or {}).get("name", "")).upper().startswith("CPU")
 
 
-def cpu_profile():
-    """This machine's CPU as a hardware profile: its model and vector extensions (/proc/cpuinfo;
-    the platform's name elsewhere), its caches per level (sysfs), its memory."""
-    model, flags = "", set()
+def _cpuinfo(keys):
+    """The first value of any of `keys` in /proc/cpuinfo ("" where there is none or no such file)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "Model", "cpu model") and not model:
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = set(value.split())
+                if key.strip() in keys:
+                    return value.strip()
     except OSError:
         pass
-    model = model or platform.processor() or platform.machine() or "unknown"
+    return ""
+
+
+def cpu_model():
+    """This machine's CPU model, as /proc/cpuinfo names it (the platform's name elsewhere); the
+    benchmarks name their machine with it too."""
+    return _cpuinfo(("model name", "Model", "cpu model")) or platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_profile():
+    """This machine's CPU as a hardware profile: its model and vector extensions (/proc/cpuinfo;
+    the platform's name elsewhere), its caches per level (sysfs), its memory."""
+    model, flags = cpu_model(), set(_cpuinfo(("flags", "Features")).split())
     caches = []
     for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
         try:

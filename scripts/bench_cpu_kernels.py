@@ -21,7 +21,6 @@ import glob
 import importlib
 import importlib.util
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from forecast_prompt import cpu_model  # noqa: E402
 
 TASKS = ("trimul", "fp8_quant", "gdn_chunk_fwd_h", "gdn_chunk_fwd_o", "gdn_recompute_w_u")
 
@@ -149,13 +150,7 @@ def time_pair(task, fn, data, calls, warmup):
 
 
 def machine():
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def main():

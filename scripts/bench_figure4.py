@@ -47,7 +47,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,20 +54,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from forecast_prompt import cpu_model  # noqa: E402
+
 START, END = "<!-- figure4-cpu:start -->", "<!-- figure4-cpu:end -->"
 ARMS = ("ungated", "gated")
 HEARTBEAT_S = 60
 
 
 def machine():
-    """The CPU's model and core count, as /proc/cpuinfo and os say them."""
-    model = platform.processor() or platform.machine()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    """The CPU's model and core count."""
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def load():

@@ -48,7 +48,6 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, wait
@@ -63,6 +62,7 @@ import train_grpo  # noqa: E402
 from data.dataset import load_predictions  # noqa: E402
 from data.records import read_jsonl  # noqa: E402
 from forecast_answer import DIGITS, Forecast  # noqa: E402
+from forecast_prompt import cpu_model  # noqa: E402
 from runtime import cli  # noqa: E402
 
 DEFAULT_SETTINGS = "correctness,brier,crps,crps:7"
@@ -287,13 +287,8 @@ def summarise(settings, per_seed):
 
 
 def machine():
-    name = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        name = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                     if line.startswith("model name")), name)
     load = f", load average {os.getloadavg()[0]:.1f} at the end" if hasattr(os, "getloadavg") else ""
-    return f"{name}, {os.cpu_count()} cores{load}, torch on 1 thread per run, no GPU used"
+    return f"{cpu_model()}, {os.cpu_count()} cores{load}, torch on 1 thread per run, no GPU used"
 
 
 def worker_context(arch):
