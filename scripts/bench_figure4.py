@@ -68,10 +68,6 @@ def machine():
     return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
-def load():
-    return os.getloadavg()
-
-
 def measured(folder):
     """How many measurements a search folder's event log holds so far (the seed's included)."""
     log = folder / "events.jsonl"
@@ -98,7 +94,7 @@ def run(argv, out, what, progress, env, started):
             try:
                 proc.wait(timeout=HEARTBEAT_S)
             except subprocess.TimeoutExpired:
-                print(f"[{(time.monotonic() - started) / 60:.0f} min] {what}: {progress()} (load {load()[0]:.1f})",
+                print(f"[{(time.monotonic() - started) / 60:.0f} min] {what}: {progress()} (load {os.getloadavg()[0]:.1f})",
                       flush=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: search.py {' '.join(argv)} exited {proc.returncode}; its output: "
@@ -229,7 +225,7 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, GPU_FORECASTERS_CACHE=str((out / "cache").resolve()), PYTHONUNBUFFERED="1")
-    started, before = time.monotonic(), load()
+    started, before = time.monotonic(), os.getloadavg()
     date = datetime.date.today().isoformat()
     print(f"{machine()}; load {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}; {len(tasks)} task(s) x {len(seeds)} "
           f"seed(s), budget {args.budget} an arm -> {out}", flush=True)
@@ -238,7 +234,7 @@ def main(argv=None):
     priors = {t: run_prior(t, args, env, started) for t in args.prior_tasks.split(",") if t}
     results = {task: {seed: run_compare(task, seed, args, env, started, [p for t, p in priors.items() if t != task])
                       for seed in seeds} for task in tasks}
-    after = load()
+    after = os.getloadavg()
     minutes = (time.monotonic() - started) / 60
     plot(results, args.budget, args.plot)
     command = (f"python scripts/bench_figure4.py --tasks {','.join(tasks)} --seeds {','.join(map(str, seeds))} "
