@@ -205,7 +205,7 @@ def python_paths():
     for dest in sorted(d for d in pairs if not _under(d, "/usr")):  # /usr is bound whole
         src = pairs[dest]
         # a folder inside one already bound is there, unless a link moved it elsewhere
-        if not any(_under(dest, d) and src == os.path.join(s, os.path.relpath(dest, d)).rstrip("/.")
+        if not any(_under(dest, d) and src == os.path.join(s, os.path.relpath(dest, d))
                    for s, d in keep):
             keep.append((src, dest))
     return keep
